@@ -133,6 +133,13 @@ class ClusterFormerConfig(RobertaConfig):
             raise ValueError(f"max_question_length must be at least 1, got {self.max_question_length}.")
         if self.max_context_length < 1:
             raise ValueError(f"max_context_length must be at least 1, got {self.max_context_length}.")
+
+    def check_position_budget(self) -> None:
+        """Raise `ValueError` unless a question prefix plus a window fits RoBERTa's position table.
+
+        Checked when a model is built (not in the config, so a RoBERTa config can be loaded first and its
+        window options set after).
+        """
         first_position = (self.pad_token_id if self.pad_token_id is not None else 0) + 1
         needed = first_position + self.question_prefix_limit + self.window_size
         if needed > self.max_position_embeddings:

@@ -50,6 +50,17 @@ logger = logging.get_logger(__name__)
 # ----------------------------------------------------------------------------------------------------------------
 
 
+def count_windows(context_length, window_size: int, window_stride: int):
+    """Windows needed to cover a context: ``1 + ceil(max(0, c - l) / m)`` (one window when ``c <= l``).
+
+    Works on ints and on tensors of lengths.
+    """
+    if isinstance(context_length, torch.Tensor):
+        beyond = (context_length - window_size).clamp(min=0)
+        return 1 + torch.div(beyond + window_stride - 1, window_stride, rounding_mode="floor")
+    return 1 + max(0, math.ceil((context_length - window_size) / window_stride))
+
+
 @dataclass
 class WindowLayout:
     """Where every window slot's token comes from.
@@ -58,7 +69,8 @@ class WindowLayout:
     valid: (B, K, S) bool, the slot holds a real token.
     is_context: (B, K, S) bool, the slot holds a context token (not the question prefix).
     owner: (B, K, S) bool, the slot is the copy of a context token that the cluster layer uses (the paper's
-        ``H_k[0 : q + m]``: the first ``m`` context slots of window k, i.e. each context token once).
+        ``H_k[0 : q + m]``: the first ``m`` context slots of window k, and the whole last window, so that every
+        context token has exactly one owner copy, in window ``j // m`` or the last one).
     position_ids: (B, K, S) long, RoBERTa positions of a standalone ``<s> Q </s></s> window`` input.
     """
 
@@ -93,19 +105,20 @@ def build_window_layout(
         lengths: (B,) real tokens of each example (prefix + context).
         window_size: l, context tokens per window.
         window_stride: m, step between windows.
-        num_windows: K, windows per example (at least ``ceil(context_length / m)`` of the longest example).
+        num_windows: K, windows per example (at least `count_windows` of the longest context).
         prefix_width: longest prefix in the batch; S = prefix_width + l.
         padding_idx: RoBERTa's padding index; positions start at ``padding_idx + 1``.
 
     Returns:
-        `WindowLayout` with (B, K, S) tensors. Example b has ``ceil(c_b / m)`` windows; the rest are empty.
+        `WindowLayout` with (B, K, S) tensors. Example b has ``count_windows(c_b, l, m)`` windows, the last one
+        ending at or after its last token; the rest are empty.
     """
     device = lengths.device
     slots = torch.arange(prefix_width + window_size, device=device)  # (S,)
     windows = torch.arange(num_windows, device=device)  # (K,)
     prefix = prefix_lengths.view(-1, 1, 1)  # (B, 1, 1)
     context_length = (lengths - prefix_lengths).view(-1, 1, 1)
-    windows_per_example = torch.div(context_length + window_stride - 1, window_stride, rounding_mode="floor")
+    windows_per_example = count_windows(context_length, window_size, window_stride)
 
     offset = slots.view(1, 1, -1) - prefix  # (B, 1, S) index into the window's context slice
     context_position = windows.view(1, -1, 1) * window_stride + offset  # (B, K, S)
@@ -115,7 +128,8 @@ def build_window_layout(
     valid = (in_prefix & window_exists) | is_context
     token_index = torch.where(in_prefix, slots.view(1, 1, -1), prefix + context_position)
     token_index = torch.where(valid, token_index, torch.zeros_like(token_index))
-    owner = is_context & (offset < window_stride)
+    last_window = windows.view(1, -1, 1) == windows_per_example - 1
+    owner = is_context & ((offset < window_stride) | last_window)
     position_ids = torch.where(valid, slots.view(1, 1, -1) + padding_idx + 1, torch.full_like(token_index, padding_idx))
     return WindowLayout(token_index, valid, is_context, owner, position_ids)
 
@@ -263,7 +277,18 @@ def order_centroids_greedy(centroids: torch.Tensor) -> torch.Tensor:
     return centroids[torch.tensor(order, device=centroids.device)]
 
 
-class ClusterRouter(nn.Module):
+class Float32BuffersModule(nn.Module):
+    """Keeps floating buffers in fp32 through ``model.to(dtype)`` / ``.half()``; devices still follow."""
+
+    def _apply(self, fn, recurse=True):
+        kept = {name: b for name, b in self._buffers.items() if b is not None and b.is_floating_point()}
+        result = super()._apply(fn, recurse)
+        for name, original in kept.items():
+            self._buffers[name] = original.to(device=self._buffers[name].device, dtype=torch.float32)
+        return result
+
+
+class ClusterRouter(Float32BuffersModule):
     """Assigns states to the nearest centroid by cosine similarity (paper eq. 4), in fp32 with autocast off.
 
     Buffers (saved with the weights): ``centroids`` (p, d) float32 unit rows in GetCentroids order, and
@@ -275,7 +300,7 @@ class ClusterRouter(nn.Module):
         self.num_clusters = config.num_clusters
         self.layer_index = layer_index
         self.seed = config.centroid_seed + layer_index
-        self.register_buffer("centroids", torch.zeros(config.num_clusters, config.hidden_size))
+        self.register_buffer("centroids", torch.zeros(config.num_clusters, config.hidden_size, dtype=torch.float32))
         self.register_buffer("fitted", torch.zeros((), dtype=torch.bool))
         self._warned = False
 
@@ -300,14 +325,14 @@ class ClusterRouter(nn.Module):
         return ids.masked_fill(~representative, self.num_clusters)
 
 
-class LSHRouter(nn.Module):
+class LSHRouter(Float32BuffersModule):
     """Reformer-style hashing: bucket = argmax over ``[x R; -x R]`` with fixed random ``hash_vectors`` (d, p / 2)."""
 
     def __init__(self, config: ClusterFormerConfig, layer_index: int):
         super().__init__()
         self.num_clusters = config.num_clusters
         self.seed = config.centroid_seed + layer_index
-        self.register_buffer("hash_vectors", torch.zeros(config.hidden_size, config.num_clusters // 2))
+        self.register_buffer("hash_vectors", torch.zeros(config.hidden_size, config.num_clusters // 2, dtype=torch.float32))
 
     def initial_hash_vectors(self) -> torch.Tensor:
         """Seeded Gaussian projections: (d, p / 2)."""
@@ -395,6 +420,20 @@ class ClusterFormerPreTrainedModel(RobertaPreTrainedModel):
         else:
             super()._init_weights(module)
 
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """`PreTrainedModel.from_pretrained`, with a clear error when saved centroids do not fit the config."""
+        try:
+            return super().from_pretrained(*args, **kwargs)
+        except RuntimeError as error:
+            if "ignore_mismatched_sizes" not in str(error):
+                raise
+            raise ValueError(
+                "The checkpoint's tensors (centroids or weights) have other shapes than this config asks for: "
+                "num_clusters or hidden_size differ from the checkpoint's. Load without overriding them, or pass "
+                "ignore_mismatched_sizes=True to re-initialise the mismatched centroids (then fit them again)."
+            ) from error
+
     def cluster_routers(self) -> dict[int, ClusterRouter]:
         """The K-Means routers of this model by encoder layer index (what centroid updates write to)."""
         return {
@@ -413,6 +452,7 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
     _no_split_modules = ["RobertaEmbeddings", "ClusterFormerLayer"]
 
     def __init__(self, config: ClusterFormerConfig, add_pooling_layer: bool = True):
+        config.check_position_budget()
         super().__init__(config)
         self.config = config
         self.gradient_checkpointing = False
@@ -542,7 +582,7 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
         prefixes, totals = self._sequence_lengths(input_ids, attention_mask, question_lengths)
         batch, length = input_ids.shape
         stride, size = config.window_stride, config.window_size
-        num_windows = max(math.ceil((t - p) / stride) for p, t in zip(prefixes, totals))
+        num_windows = max(count_windows(t - p, size, stride) for p, t in zip(prefixes, totals))
         device = input_ids.device
         layout = build_window_layout(
             torch.tensor(prefixes, device=device),
@@ -726,6 +766,7 @@ __all__ = [
     "WindowLayout",
     "bidirectional_mask",
     "build_window_layout",
+    "count_windows",
     "order_centroids_greedy",
     "share_context_states",
     "sort_into_chunks",

@@ -1,0 +1,320 @@
+"""Synthetic long-context QA whose answers need two facts that lie far apart.
+
+Every context is a sequence of short sentences of three kinds:
+
+* link facts, ``"Zorvan lives with Melka."``;
+* place facts, ``"Melka lives in Tarsk."``;
+* filler sentences without names, ``"The market was quiet that morning."``.
+
+Facts come in chains: a link fact ``X lives with Y`` and a place fact ``Y lives in Z``. The
+two facts of every chain (the asked one and all distractors alike) are at least
+``min_gap_tokens`` tokens apart, so no 256-token window holds both. Every name occurs in
+one chain only and every place once per context.
+
+``kind="longrange"`` asks ``"Where does X live?"``: the answer ``Z`` sits in a sentence that
+does not mention ``X``, and the sentence linking ``X`` to ``Y`` is far away, so no single
+window can answer it. ``kind="local"`` asks ``"Where does Y live?"`` about the same kind of
+context: one sentence answers it, which checks that a sliding-window model learns the
+surface task at all.
+
+Names are drawn from small fixed pools (each name is one token of the tokenizer built by
+:func:`hf_clusterformer.data.tokenizer.build_longrange_tokenizer`), sentences follow fixed
+templates, and every example depends only on ``(seed, kind, index)``.
+
+Lengths are measured in approximate tokens: words plus punctuation marks, i.e. the pieces of
+the byte-level pre-tokenizer. Each piece becomes at least one BPE token, so gaps counted this
+way are lower bounds on gaps in real tokens.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "KINDS",
+    "PERSON_NAMES",
+    "PLACE_NAMES",
+    "approx_token_count",
+    "generate_longrange_dataset",
+    "load_longrange_dataset",
+    "longrange_corpus",
+    "squad_features",
+]
+
+KINDS = ("longrange", "local")
+_KIND_IDS = {"longrange": 0, "local": 1}
+_SPLIT_IDS = {"train": 0, "validation": 1, "test": 2}
+
+_ONSETS = "B D F G H J K L M N P R S T V Z".split()
+_VOWELS = "a e i o u".split()
+_PERSON_ENDINGS = "ran lek mir dov vin sal ten bok nis gar".split()
+_PLACE_ENDINGS = "rsk ndor lmar thia vik".split()
+
+
+def _name_pool(endings: Sequence[str], size: int, seed: int) -> tuple[str, ...]:
+    names = [o + v + e for o, v, e in itertools.product(_ONSETS, _VOWELS, endings)]
+    chosen = np.random.default_rng(seed).choice(len(names), size=size, replace=False)
+    return tuple(sorted(names[i] for i in chosen))
+
+
+PERSON_NAMES: tuple[str, ...] = _name_pool(_PERSON_ENDINGS, 400, 1)
+"""Fixed pool of person names (two syllables, five letters)."""
+PLACE_NAMES: tuple[str, ...] = _name_pool(_PLACE_ENDINGS, 200, 2)
+"""Fixed pool of place names."""
+
+_LINK = "{} lives with {}."
+_PLACE = "{} lives in {}."
+_QUESTION = "Where does {} live?"
+_FACT_LEN = 5  # approximate tokens of both fact templates: name, lives, with|in, name, "."
+
+_APPROX_TOKEN_RE = re.compile(r"\w+|[^\w\s]+")
+
+
+def approx_token_count(text: str) -> int:
+    """Count words and punctuation runs: a lower bound on byte-level BPE tokens."""
+    return len(_APPROX_TOKEN_RE.findall(text))
+
+
+def _build_fillers() -> tuple[list[str], list[str]]:
+    nouns = "market river road harvest library bridge festival garden harbour school".split()
+    adjectives = "quiet busy cold crowded calm bright wet loud".split()
+    times = ["that morning", "in spring", "all week", "at dusk", "last year", "every evening"]
+    people = "farmers traders children travellers sailors students".split()
+    verbs = "gathered worked rested talked waited sang".split()
+    winds = ["A cold wind blew over the hills.", "A warm rain fell on the fields.",
+             "A thick fog covered the valley.", "A light snow fell on the roofs."]
+    short = [f"The {n} was {a}." for n in nouns for a in adjectives]
+    long = [f"The {n} was {a} {t}." for n in nouns for a in adjectives for t in times]
+    long += [f"Many {p} {v} near the {n}." for p in people for v in verbs for n in nouns]
+    long += [f"Nobody remembers when the old {n} was built." for n in nouns]
+    long += winds
+    return short, long
+
+
+_SHORT_FILLERS, _LONG_FILLERS = _build_fillers()
+_FILLERS = _SHORT_FILLERS + _LONG_FILLERS
+_FILLER_LEN = np.array([approx_token_count(s) for s in _FILLERS])
+assert all(approx_token_count(s) == _FACT_LEN for s in _SHORT_FILLERS)
+assert approx_token_count(_LINK.format("Zorvan", "Melka")) == _FACT_LEN
+assert approx_token_count(_PLACE.format("Melka", "Tarsk")) == _FACT_LEN
+assert not set(PERSON_NAMES) & set(PLACE_NAMES)
+
+
+def _layout(
+    rng: np.random.Generator, target: int, min_gap: int, fact_fraction: float, max_chains: int
+) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int]]]:
+    """Choose sentence kinds and pair fact slots into chains at least ``min_gap`` apart.
+
+    Returns the filler index of every sentence (-1 for facts), sentence start positions in
+    approximate tokens, and the chains as (link sentence, place sentence) index pairs.
+    """
+    mean_len = fact_fraction * _FACT_LEN + (1 - fact_fraction) * float(_FILLER_LEN.mean())
+    n = int(target / mean_len * 1.3) + 16
+    while True:
+        is_fact = rng.random(n) < fact_fraction
+        is_fact[0] = False  # open with a filler so the first name carries a leading space
+        filler = rng.integers(len(_FILLERS), size=n)
+        lengths = np.where(is_fact, _FACT_LEN, _FILLER_LEN[filler])
+        ends = np.cumsum(lengths)
+        if ends[-1] >= target:
+            break
+        n *= 2
+    used = int(np.searchsorted(ends, target)) + 1
+    is_fact, filler, lengths = is_fact[:used], filler[:used], lengths[:used]
+    starts = ends[:used] - lengths
+
+    slots = np.flatnonzero(is_fact)
+    s = starts[slots]
+    free = np.ones(len(slots), dtype=bool)
+    pairs: list[tuple[int, int]] = []
+    for i in rng.permutation(len(slots)):
+        if not free[i] or len(pairs) >= max_chains:
+            continue
+        free[i] = False
+        before = np.searchsorted(s, s[i] - min_gap - _FACT_LEN, side="right")
+        after = np.searchsorted(s, s[i] + _FACT_LEN + min_gap, side="left")
+        candidates = np.concatenate(
+            [np.flatnonzero(free[:before]), after + np.flatnonzero(free[after:])]
+        )
+        if candidates.size == 0:
+            continue
+        j = int(candidates[rng.integers(candidates.size)])
+        free[j] = False
+        a, b = (int(slots[i]), int(slots[j]))
+        pairs.append((a, b) if rng.random() < 0.5 else (b, a))
+
+    # Fact slots left without a partner become five-token fillers: positions do not move.
+    paired = {k for pair in pairs for k in pair}
+    kinds = np.where(is_fact, -1, filler)
+    for k in slots:
+        if int(k) not in paired:
+            kinds[k] = rng.integers(len(_SHORT_FILLERS))
+    return kinds, starts, pairs
+
+
+def _generate_one(
+    rng: np.random.Generator,
+    kind: str,
+    context_tokens: tuple[int, int],
+    min_gap: int,
+    fact_fraction: float,
+    max_chains: int,
+) -> tuple[str, str, str, int]:
+    for _ in range(100):
+        target = int(rng.integers(context_tokens[0], context_tokens[1] + 1))
+        kinds, _, pairs = _layout(rng, target, min_gap, fact_fraction, max_chains)
+        if pairs:
+            break
+    else:  # pragma: no cover - ruled out by the argument checks
+        raise RuntimeError("could not place a single chain; raise context_tokens")
+
+    people = rng.choice(len(PERSON_NAMES), size=2 * len(pairs), replace=False)
+    places = rng.choice(len(PLACE_NAMES), size=len(pairs), replace=False)
+    sentences = [_FILLERS[k] if k >= 0 else "" for k in kinds]
+    for c, (link, place) in enumerate(pairs):
+        x, y, z = PERSON_NAMES[people[2 * c]], PERSON_NAMES[people[2 * c + 1]], PLACE_NAMES[places[c]]
+        sentences[link] = _LINK.format(x, y)
+        sentences[place] = _PLACE.format(y, z)
+
+    gold = int(rng.integers(len(pairs)))
+    x, y = PERSON_NAMES[people[2 * gold]], PERSON_NAMES[people[2 * gold + 1]]
+    answer = PLACE_NAMES[places[gold]]
+    place_sentence = pairs[gold][1]
+    offset = sum(len(t) for t in sentences[:place_sentence]) + place_sentence
+    answer_start = offset + len(y) + len(" lives in ")
+    question = _QUESTION.format(x if kind == "longrange" else y)
+    return question, " ".join(sentences), answer, answer_start
+
+
+def _check_args(
+    kind: str, context_tokens: tuple[int, int], min_gap_tokens: int, fact_fraction: float
+) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    lo, hi = context_tokens
+    if not 0 < lo <= hi:
+        raise ValueError(f"context_tokens must satisfy 0 < min <= max, got {context_tokens}")
+    if min_gap_tokens < 0:
+        raise ValueError(f"min_gap_tokens must be >= 0, got {min_gap_tokens}")
+    if lo < min_gap_tokens + 4 * _FACT_LEN + 20:
+        raise ValueError(
+            f"context_tokens min {lo} is too short for two facts {min_gap_tokens} tokens apart; "
+            f"use at least {min_gap_tokens + 4 * _FACT_LEN + 20}"
+        )
+    if not 0 < fact_fraction <= 1:
+        raise ValueError(f"fact_fraction must be in (0, 1], got {fact_fraction}")
+
+
+def generate_longrange_dataset(
+    num_examples: int,
+    seed: int = 0,
+    context_tokens: tuple[int, int] = (2000, 8000),
+    kind: str = "longrange",
+    *,
+    min_gap_tokens: int = 300,
+    fact_fraction: float = 0.5,
+    max_chains: int | None = None,
+    split: str = "train",
+) -> list[dict[str, Any]]:
+    """Generate SQuAD-format records ``{"id", "title", "question", "context", "answers"}``.
+
+    Args:
+        num_examples: number of records.
+        seed: base seed; record ``i`` depends only on ``(seed, kind, split, i)``, so a
+            longer list extends a shorter one.
+        context_tokens: inclusive range of context lengths in approximate tokens.
+        kind: ``"longrange"`` (two-hop, facts far apart) or ``"local"`` (one sentence).
+        min_gap_tokens: least number of approximate tokens strictly between the two facts of
+            every chain; the default 300 exceeds a 256-token window.
+        fact_fraction: share of sentences drawn as facts (the rest are fillers).
+        max_chains: cap on chains per context (default: as many as the name pools allow).
+        split: name mixed into the seed so that splits never share records.
+    """
+    _check_args(kind, context_tokens, min_gap_tokens, fact_fraction)
+    if num_examples < 0:
+        raise ValueError(f"num_examples must be >= 0, got {num_examples}")
+    cap = min(len(PLACE_NAMES), len(PERSON_NAMES) // 2)
+    max_chains = cap if max_chains is None else max_chains
+    if not 0 < max_chains <= cap:
+        raise ValueError(f"max_chains must be in [1, {cap}], got {max_chains}")
+    split_id = _SPLIT_IDS.get(split)
+    if split_id is None:
+        split_id = int.from_bytes(split.encode()[:8].ljust(8, b"\0"), "little")
+    records = []
+    for i in range(num_examples):
+        rng = np.random.default_rng([seed, _KIND_IDS[kind], split_id, i])
+        question, context, answer, start = _generate_one(
+            rng, kind, context_tokens, min_gap_tokens, fact_fraction, max_chains
+        )
+        records.append(
+            {
+                "id": f"{kind}-{split}-{seed}-{i}",
+                "title": f"{kind}-{split}-{i}",
+                "question": question,
+                "context": context,
+                "answers": {"text": [answer], "answer_start": [start]},
+            }
+        )
+    return records
+
+
+def longrange_corpus(num_examples: int = 200, seed: int = 0,
+                     context_tokens: tuple[int, int] = (2000, 4000)) -> list[str]:
+    """Texts for training a tokenizer: generated contexts and questions of both kinds,
+    plus one question per pooled name so every name is seen."""
+    texts: list[str] = []
+    for kind in KINDS:
+        for r in generate_longrange_dataset(num_examples, seed, context_tokens, kind,
+                                            split="tokenizer"):
+            texts += [r["question"], r["context"]]
+    texts += [_QUESTION.format(name) for name in PERSON_NAMES]
+    texts += [_PLACE.format(PERSON_NAMES[0], place) for place in PLACE_NAMES]
+    return texts
+
+
+def load_longrange_dataset(
+    kind: str = "longrange",
+    train_size: int = 2000,
+    validation_size: int = 200,
+    seed: int = 0,
+    context_tokens: tuple[int, int] = (2000, 8000),
+    **kwargs: Any,
+):
+    """Build a ``datasets.DatasetDict`` with ``train`` and ``validation`` splits.
+
+    Extra keyword arguments go to :func:`generate_longrange_dataset`.
+    """
+    import datasets
+
+    features = squad_features()
+    splits = {
+        name: datasets.Dataset.from_list(
+            generate_longrange_dataset(size, seed, context_tokens, kind, split=name, **kwargs),
+            features=features,
+        )
+        for name, size in (("train", train_size), ("validation", validation_size))
+    }
+    return datasets.DatasetDict(splits)
+
+
+def squad_features():
+    """``datasets.Features`` of SQuAD-format records."""
+    import datasets
+
+    return datasets.Features(
+        {
+            "id": datasets.Value("string"),
+            "title": datasets.Value("string"),
+            "question": datasets.Value("string"),
+            "context": datasets.Value("string"),
+            "answers": {
+                "text": datasets.List(datasets.Value("string")),
+                "answer_start": datasets.List(datasets.Value("int32")),
+            },
+        }
+    )

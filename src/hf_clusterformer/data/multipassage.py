@@ -1,0 +1,172 @@
+"""Multi-passage long-context QA built from SQuAD v1.1 (Quasar-T / SearchQA style).
+
+Each record keeps one SQuAD question and its answers. Its context is the question's gold
+paragraph shuffled among distractor paragraphs from *other* articles, each passage prefixed
+with the passage token: ``"<p> passage one <p> passage two ..."``. Answer offsets are moved
+to the gold passage's place in the joined context.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .longrange import approx_token_count
+from .tokenizer import PASSAGE_TOKEN
+
+__all__ = [
+    "SQUAD_PATH_ENV",
+    "build_multipassage_dataset",
+    "default_squad_path",
+    "load_multipassage_dataset",
+    "read_squad",
+]
+
+SQUAD_PATH_ENV = "CLUSTERFORMER_SQUAD_PATH"
+"""Environment variable that overrides :func:`default_squad_path`."""
+
+
+def default_squad_path() -> Path:
+    """Where the SQuAD v1.1 dev file is expected.
+
+    ``$CLUSTERFORMER_SQUAD_PATH`` if set, else ``../shared/data/squad-v1.1-dev.json.zip``
+    relative to the source checkout.
+    """
+    env = os.environ.get(SQUAD_PATH_ENV)
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[3].parent / "shared" / "data" / "squad-v1.1-dev.json.zip"
+
+
+def read_squad(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a SQuAD JSON file, plain or inside a ``.zip`` holding one ``.json``."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"SQuAD file not found: {path} (set ${SQUAD_PATH_ENV} to its location)"
+        )
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as archive:
+            names = [n for n in archive.namelist() if n.endswith(".json")]
+            if len(names) != 1:
+                raise ValueError(f"{path} should hold exactly one .json file, found {names}")
+            return json.loads(archive.read(names[0]))
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _range(value: int | tuple[int, int], name: str) -> tuple[int, int]:
+    lo, hi = (value, value) if isinstance(value, int) else value
+    if not 0 < lo <= hi:
+        raise ValueError(f"{name} must be positive with min <= max, got {value}")
+    return lo, hi
+
+
+def build_multipassage_dataset(
+    squad_zip_path: str | os.PathLike[str],
+    num_examples: int,
+    passages: int | tuple[int, int] | None = None,
+    seed: int = 0,
+    context_tokens: int | tuple[int, int] = (2000, 10000),
+    count_tokens: Callable[[str], int] | None = None,
+    passage_token: str = PASSAGE_TOKEN,
+) -> list[dict[str, Any]]:
+    """Build SQuAD-format records whose contexts join a gold paragraph with distractors.
+
+    Args:
+        squad_zip_path: SQuAD v1.1 JSON or zip (see :func:`default_squad_path`).
+        num_examples: number of records; questions are drawn without replacement.
+        passages: passages per context, gold included (an int or an inclusive range). When
+            ``None``, distractors are added until the context reaches a length drawn from
+            ``context_tokens``.
+        seed: the records depend only on the file, the arguments and this seed.
+        context_tokens: target context length (int or inclusive range) when ``passages`` is
+            ``None``.
+        count_tokens: measures a paragraph; defaults to :func:`approx_token_count` (words
+            and punctuation, about 0.8 of RoBERTa BPE tokens). Pass e.g.
+            ``lambda t: len(tokenizer.tokenize(t))`` for exact lengths.
+        passage_token: marker put before every passage.
+    """
+    squad = read_squad(squad_zip_path)
+    count_tokens = count_tokens or approx_token_count
+    paragraphs: list[str] = []
+    article_of: list[int] = []
+    questions: list[tuple[int, dict[str, Any]]] = []
+    for a, article in enumerate(squad["data"]):
+        for paragraph in article["paragraphs"]:
+            p = len(paragraphs)
+            paragraphs.append(paragraph["context"])
+            article_of.append(a)
+            questions += [(p, qa) for qa in paragraph["qas"]]
+    if not 0 <= num_examples <= len(questions):
+        raise ValueError(f"num_examples must be in [0, {len(questions)}], got {num_examples}")
+    passage_range = None if passages is None else _range(passages, "passages")
+    token_range = _range(context_tokens, "context_tokens")
+    article_of_arr = np.array(article_of)
+    lengths: dict[int, int] = {}
+
+    def length(p: int) -> int:
+        if p not in lengths:
+            lengths[p] = count_tokens(paragraphs[p]) + 1  # + passage token
+        return lengths[p]
+
+    prefix = passage_token + " "
+    order = np.random.default_rng([seed, 0]).permutation(len(questions))[:num_examples]
+    records = []
+    for i, q in enumerate(order):
+        rng = np.random.default_rng([seed, 1, i])
+        gold, qa = questions[q]
+        others = np.flatnonzero(article_of_arr != article_of[gold])
+        others = others[rng.permutation(len(others))]
+        if passage_range is not None:
+            count = int(rng.integers(passage_range[0], passage_range[1] + 1))
+            if count - 1 > len(others):
+                raise ValueError(f"only {len(others)} distractor paragraphs available, asked {count - 1}")
+            chosen = [int(p) for p in others[: count - 1]]
+        else:
+            target = int(rng.integers(token_range[0], token_range[1] + 1))
+            total, chosen = length(gold), []
+            for p in others:
+                if total >= target:
+                    break
+                chosen.append(int(p))
+                total += length(int(p))
+        position = int(rng.integers(len(chosen) + 1))
+        chosen.insert(position, gold)
+        offset = sum(len(prefix) + len(paragraphs[p]) + 1 for p in chosen[:position]) + len(prefix)
+        context = " ".join(prefix + paragraphs[p] for p in chosen)
+        answers = {
+            "text": [a["text"] for a in qa["answers"]],
+            "answer_start": [offset + a["answer_start"] for a in qa["answers"]],
+        }
+        records.append(
+            {
+                "id": qa["id"],
+                "title": squad["data"][article_of[gold]]["title"],
+                "question": qa["question"],
+                "context": context,
+                "answers": answers,
+            }
+        )
+    return records
+
+
+def load_multipassage_dataset(
+    squad_zip_path: str | os.PathLike[str] | None = None,
+    num_examples: int = 1000,
+    **kwargs: Any,
+):
+    """:func:`build_multipassage_dataset` as a ``datasets.Dataset``."""
+    import datasets
+
+    from .longrange import squad_features
+
+    path = default_squad_path() if squad_zip_path is None else squad_zip_path
+    records = build_multipassage_dataset(path, num_examples, **kwargs)
+    return datasets.Dataset.from_list(records, features=squad_features())

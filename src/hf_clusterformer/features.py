@@ -1,0 +1,261 @@
+"""Extractive-QA preprocessing and postprocessing for whole-context models.
+
+Unlike the usual doc-stride recipe, each example becomes exactly one feature: the question and
+the whole context, truncated to ``max_length`` (``truncation="only_second"``); the model does
+its own windowing. Answers become token start/end positions through offset mappings.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "postprocess_predictions",
+    "prepare_train_features",
+    "prepare_validation_features",
+]
+
+logger = logging.getLogger(__name__)
+
+
+def _columns(examples: Mapping[str, Any], columns: Sequence[str]) -> list[list[Any]]:
+    missing = [c for c in columns if c not in examples]
+    if missing:
+        raise ValueError(
+            f"examples lack column(s) {missing}; found {sorted(examples.keys())}"
+        )
+    values = [examples[c] for c in columns]
+    if isinstance(values[0], str):
+        raise ValueError("expected a batch (columns of lists); use datasets.map(..., batched=True)")
+    return [list(v) for v in values]
+
+
+def _encode(tokenizer, questions, contexts, max_length: int, pad_to_max_length: bool):
+    return tokenizer(
+        [q.lstrip() for q in questions],
+        contexts,
+        truncation="only_second",
+        max_length=max_length,
+        return_offsets_mapping=True,
+        padding="max_length" if pad_to_max_length else False,
+    )
+
+
+def _context_span(sequence_ids: Sequence[int | None]) -> tuple[int, int]:
+    """First and last token index of the context (sequence 1); (-1, -2) if none is left."""
+    indices = [i for i, s in enumerate(sequence_ids) if s == 1]
+    return (indices[0], indices[-1]) if indices else (-1, -2)
+
+
+def prepare_train_features(
+    examples: Mapping[str, Any],
+    tokenizer,
+    max_length: int,
+    *,
+    question_column: str = "question",
+    context_column: str = "context",
+    answer_column: str = "answers",
+    pad_to_max_length: bool = False,
+    drop_truncated: bool = False,
+    stats: dict[str, int] | None = None,
+) -> dict[str, list]:
+    """Tokenize a batch of SQuAD-format examples into one training feature each.
+
+    For ``datasets.Dataset.map(..., batched=True, remove_columns=...)``. Returns
+    ``input_ids``, ``attention_mask``, ``start_positions``, ``end_positions`` and
+    ``answer_truncated``. The first answer is the label. Examples whose answer was cut off by
+    truncation, and examples without answers, are labelled at position 0 (``<s>``);
+    truncated ones are flagged in ``answer_truncated`` and logged, or removed when
+    ``drop_truncated`` is set. ``stats``, if given, accumulates the counts ``examples``,
+    ``truncated``, ``dropped`` and ``unanswerable`` (not updated when ``map`` loads from its
+    cache).
+
+    Raises:
+        ValueError: a column is missing, ``answers`` is malformed, or answer texts do not
+            appear at their ``answer_start``.
+    """
+    questions, contexts, answers = _columns(
+        examples, [question_column, context_column, answer_column]
+    )
+    mismatched: list[int] = []
+    for i, (context, answer) in enumerate(zip(contexts, answers)):
+        if not isinstance(answer, Mapping) or not {"text", "answer_start"} <= answer.keys():
+            raise ValueError(
+                f"{answer_column!r} of example {i} must be a dict with 'text' and 'answer_start', "
+                f"got {answer!r}"
+            )
+        if len(answer["text"]) != len(answer["answer_start"]):
+            raise ValueError(f"example {i}: 'text' and 'answer_start' differ in length")
+        if any(
+            context[s : s + len(t)] != t for t, s in zip(answer["text"], answer["answer_start"])
+        ):
+            mismatched.append(i)
+    if mismatched:
+        raise ValueError(
+            f"{len(mismatched)} of {len(contexts)} examples have an answer text not found at its "
+            f"answer_start (batch positions {mismatched[:10]})"
+        )
+
+    encoded = _encode(tokenizer, questions, contexts, max_length, pad_to_max_length)
+    starts, ends, truncated = [], [], []
+    unanswerable = 0
+    for i, answer in enumerate(answers):
+        if not answer["text"]:
+            unanswerable += 1
+            starts.append(0)
+            ends.append(0)
+            truncated.append(False)
+            continue
+        start_char = answer["answer_start"][0]
+        end_char = start_char + len(answer["text"][0])
+        first, last = _context_span(encoded.sequence_ids(i))
+        offsets = np.asarray(encoded["offset_mapping"][i][first : last + 1]).reshape(-1, 2)
+        if last < first or offsets[-1, 1] < end_char:
+            starts.append(0)
+            ends.append(0)
+            truncated.append(True)
+            continue
+        # first token ending after start_char, last token starting before end_char
+        start_token = first + int(np.searchsorted(offsets[:, 1], start_char, side="right"))
+        end_token = first + int(np.searchsorted(offsets[:, 0], end_char, side="left")) - 1
+        if end_token < start_token:  # empty or whitespace-only answer
+            start_token = end_token = 0
+        starts.append(start_token)
+        ends.append(end_token)
+        truncated.append(False)
+
+    n_truncated = sum(truncated)
+    if n_truncated:
+        logger.warning(
+            "%d of %d examples lost their answer to truncation at max_length=%d (%s)",
+            n_truncated, len(answers), max_length,
+            "dropped" if drop_truncated else "labelled at position 0",
+        )
+    if stats is not None:
+        for key, value in (
+            ("examples", len(answers)),
+            ("truncated", n_truncated),
+            ("dropped", n_truncated if drop_truncated else 0),
+            ("unanswerable", unanswerable),
+        ):
+            stats[key] = stats.get(key, 0) + value
+
+    features = {
+        "input_ids": encoded["input_ids"],
+        "attention_mask": encoded["attention_mask"],
+        "start_positions": starts,
+        "end_positions": ends,
+        "answer_truncated": truncated,
+    }
+    if drop_truncated and n_truncated:
+        keep = [i for i, t in enumerate(truncated) if not t]
+        features = {k: [v[i] for i in keep] for k, v in features.items()}
+    return features
+
+
+def prepare_validation_features(
+    examples: Mapping[str, Any],
+    tokenizer,
+    max_length: int,
+    *,
+    question_column: str = "question",
+    context_column: str = "context",
+    id_column: str = "id",
+    pad_to_max_length: bool = False,
+) -> dict[str, list]:
+    """Tokenize a batch into one evaluation feature per example.
+
+    Returns ``input_ids``, ``attention_mask``, ``offset_mapping`` (``None`` for tokens
+    outside the context) and ``example_id``, as :func:`postprocess_predictions` expects.
+    """
+    questions, contexts, ids = _columns(examples, [question_column, context_column, id_column])
+    encoded = _encode(tokenizer, questions, contexts, max_length, pad_to_max_length)
+    offset_mapping = []
+    for i, offsets in enumerate(encoded["offset_mapping"]):
+        sequence_ids = encoded.sequence_ids(i)
+        offset_mapping.append(
+            [tuple(o) if s == 1 else None for o, s in zip(offsets, sequence_ids)]
+        )
+    return {
+        "input_ids": encoded["input_ids"],
+        "attention_mask": encoded["attention_mask"],
+        "offset_mapping": offset_mapping,
+        "example_id": [str(x) for x in ids],
+    }
+
+
+def _get_columns(data: Any, columns: Sequence[str]) -> list[list[Any]]:
+    """Columns of a ``datasets.Dataset``, a mapping of lists or a list of dicts."""
+    if isinstance(data, Sequence) and not isinstance(data, str) and (not data or isinstance(data[0], Mapping)):
+        return [[row[c] for row in data] for c in columns]
+    missing = [c for c in columns if c not in data.column_names] if hasattr(data, "column_names") else [
+        c for c in columns if c not in data
+    ]
+    if missing:
+        raise ValueError(f"missing column(s) {missing}")
+    return [list(data[c]) for c in columns]
+
+
+def postprocess_predictions(
+    examples: Any,
+    features: Any,
+    start_logits: Any,
+    end_logits: Any,
+    n_best: int = 20,
+    max_answer_length: int = 30,
+    *,
+    id_column: str = "id",
+    context_column: str = "context",
+    return_details: bool = False,
+) -> dict[str, Any]:
+    """Turn start/end logits into answer texts, keyed by example id.
+
+    ``features`` carry ``example_id`` and ``offset_mapping`` as made by
+    :func:`prepare_validation_features`; ``start_logits``/``end_logits`` hold one row per
+    feature (padding beyond a feature's length is ignored). Candidates are spans of context
+    tokens among the ``n_best`` highest start and end logits, at most ``max_answer_length``
+    tokens long, scored by the sum of their logits; the best over all features of an example
+    wins. Examples without a valid span get ``""``. With ``return_details`` the values are
+    dicts ``{"text", "start", "end", "score"}`` (character offsets into the context).
+    """
+    if len(start_logits) != len(end_logits):
+        raise ValueError(f"{len(start_logits)} start logit rows but {len(end_logits)} end logit rows")
+    ids, contexts = _get_columns(examples, [id_column, context_column])
+    feature_ids, offset_mappings = _get_columns(features, ["example_id", "offset_mapping"])
+    if len(feature_ids) != len(start_logits):
+        raise ValueError(f"{len(feature_ids)} features but {len(start_logits)} logit rows")
+    context_of = dict(zip(map(str, ids), contexts))
+    best: dict[str, dict[str, Any]] = {}
+    for feature_id, offsets, starts, ends in zip(feature_ids, offset_mappings, start_logits, end_logits):
+        if feature_id not in context_of:
+            raise ValueError(f"feature refers to unknown example id {feature_id!r}")
+        n = min(len(offsets), len(starts), len(ends))
+        valid = np.array([o is not None for o in offsets[:n]], dtype=bool)
+        starts = np.where(valid, np.asarray(starts, dtype=np.float64)[:n], -np.inf)
+        ends = np.where(valid, np.asarray(ends, dtype=np.float64)[:n], -np.inf)
+        k = min(n_best, int(valid.sum()))
+        top_starts = np.argsort(starts)[::-1][:k]
+        top_ends = np.argsort(ends)[::-1][:k]
+        for s in top_starts:
+            for e in top_ends:
+                if not (valid[s] and valid[e]) or e < s or e - s + 1 > max_answer_length:
+                    continue
+                score = float(starts[s] + ends[e])
+                current = best.get(feature_id)
+                if current is None or score > current["score"]:
+                    start_char, end_char = offsets[s][0], offsets[e][1]
+                    best[feature_id] = {
+                        "text": context_of[feature_id][start_char:end_char],
+                        "start": int(start_char),
+                        "end": int(end_char),
+                        "score": score,
+                    }
+    results = {}
+    for example_id in map(str, ids):
+        detail = best.get(example_id, {"text": "", "start": 0, "end": 0, "score": float("-inf")})
+        results[example_id] = detail if return_details else detail["text"]
+    return results

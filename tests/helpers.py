@@ -1,0 +1,53 @@
+"""Small builders shared by the tests: tiny configs and pair-encoded batches made from token ids."""
+
+from __future__ import annotations
+
+import torch
+
+from hf_clusterformer import ClusterFormerConfig
+
+BOS, PAD, SEP = 0, 1, 2
+
+
+def tiny_config(**overrides) -> ClusterFormerConfig:
+    """A 3-layer, 32-wide Cluster-Former with 16-token windows; dropout off so outputs are deterministic."""
+    values = dict(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        intermediate_size=64,
+        cluster_layers=[2],
+        num_clusters=8,
+        window_size=16,
+        window_stride=12,
+        max_question_length=8,
+        max_context_length=4096,
+        max_position_embeddings=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    values.update(overrides)
+    return ClusterFormerConfig(**values)
+
+
+def pair_encoding(question: list[int], context: list[int]) -> list[int]:
+    """RoBERTa pair layout ``<s> Q </s></s> C </s>``."""
+    return [BOS, *question, SEP, SEP, *context, SEP]
+
+
+def random_example(generator: torch.Generator, question_length: int, context_length: int, vocab: int = 100) -> list[int]:
+    """A pair encoding of random non-special tokens."""
+    tokens = torch.randint(4, vocab, (question_length + context_length,), generator=generator).tolist()
+    return pair_encoding(tokens[:question_length], tokens[question_length:])
+
+
+def pad_batch(examples: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad pair encodings: (B, T) input_ids and attention_mask."""
+    length = max(len(e) for e in examples)
+    ids = torch.full((len(examples), length), PAD, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, example in enumerate(examples):
+        ids[row, : len(example)] = torch.tensor(example)
+        mask[row, : len(example)] = 1
+    return ids, mask

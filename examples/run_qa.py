@@ -1,0 +1,22 @@
+#!/usr/bin/env python
+"""Fine-tune / train Cluster-Former for long-context extractive question answering.
+
+Like transformers' own ``run_qa.py``, but every context is ONE feature (no doc-stride splitting) and the
+cluster centroids are refitted during training by ``CentroidUpdateCallback``.
+
+Examples:
+    # from scratch on the generated long-range data
+    python examples/run_qa.py --dataset longrange --output_dir out --do_train --do_eval \
+        --num_hidden_layers 4 --cluster_layers 2 --num_clusters 32 --window_size 64 --window_stride 48
+
+    # from a RoBERTa checkpoint on local SQuAD-format files
+    python examples/run_qa.py --model_name_or_path ./roberta-base --train_file train.json \
+        --validation_file dev.json --cluster_layers 8 10 --output_dir out --do_train --do_eval
+
+Run with ``--help`` for every option (model, data, centroid and TrainingArguments).
+"""
+
+from hf_clusterformer.qa_training import main
+
+if __name__ == "__main__":
+    main()

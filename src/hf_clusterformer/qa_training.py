@@ -1,0 +1,375 @@
+"""Train and evaluate Cluster-Former on long-context extractive QA (the logic of examples/run_qa.py and the CLI).
+
+Data: the generated long-range set (``longrange`` / ``local``), the SQuAD-based multi-passage set
+(``squad-multipassage``), local SQuAD-format json/jsonl files, or a dataset name from the Hub when online.
+Every context is ONE feature (no doc-stride splitting). Training uses the HF `Trainer` with
+`CentroidUpdateCallback`; evaluation maps logits to answer texts and scores SQuAD EM/F1.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import datasets
+from transformers import (
+    AutoTokenizer,
+    DataCollatorWithPadding,
+    HfArgumentParser,
+    Trainer,
+    TrainingArguments,
+)
+
+from .callback import CentroidUpdateCallback
+from .configuration_clusterformer import ClusterFormerConfig
+from .data import build_longrange_tokenizer, build_tokenizer, load_longrange_dataset, load_multipassage_dataset
+from .data.longrange import squad_features
+from .features import postprocess_predictions, prepare_train_features, prepare_validation_features
+from .metrics import load_squad_metric
+from .modeling_clusterformer import ClusterFormerForQuestionAnswering
+
+logger = logging.getLogger(__name__)
+
+GENERATED = ("longrange", "local")
+
+
+@dataclass
+class ModelArguments:
+    """Which model to start from, and the Cluster-Former options."""
+
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={"help": "RoBERTa or Cluster-Former checkpoint (directory or Hub id). Omit to train from scratch."},
+    )
+    tokenizer_name: str | None = field(default=None, metadata={"help": "Tokenizer (default: the model's, or one built on the data)."})
+    hidden_size: int = field(default=128, metadata={"help": "From scratch: hidden size."})
+    num_hidden_layers: int = field(default=4, metadata={"help": "From scratch: encoder layers."})
+    num_attention_heads: int = field(default=4, metadata={"help": "From scratch: attention heads."})
+    intermediate_size: int = field(default=512, metadata={"help": "From scratch: feed-forward size."})
+    vocab_size: int = field(default=1300, metadata={"help": "From scratch: size of the BPE vocabulary built on the data."})
+    cluster_layers: list[int] | None = field(
+        default=None, metadata={"help": "0-based global layer indices (default: the paper's placement scaled to the depth)."}
+    )
+    sliding_only: bool = field(default=False, metadata={"help": "No global layers: the sliding-window baseline."})
+    global_layer_type: str = field(default="cluster", metadata={"help": "cluster, lsh or sparse."})
+    num_clusters: int | None = field(default=None, metadata={"help": "Centroids (LSH buckets) per global layer."})
+    window_size: int | None = field(default=None, metadata={"help": "Context tokens per window (l)."})
+    window_stride: int | None = field(default=None, metadata={"help": "Window stride and chunk length (m)."})
+    max_question_length: int | None = field(default=None, metadata={"help": "Question tokens allowed."})
+    dropout: float | None = field(default=None, metadata={"help": "Hidden and attention dropout."})
+
+    def cluster_options(self) -> dict[str, Any]:
+        """Config overrides given on the command line."""
+        options: dict[str, Any] = {"global_layer_type": self.global_layer_type}
+        if self.sliding_only:
+            options["cluster_layers"] = []
+        elif self.cluster_layers is not None:
+            options["cluster_layers"] = self.cluster_layers
+        for name in ("num_clusters", "window_size", "window_stride", "max_question_length"):
+            if getattr(self, name) is not None:
+                options[name] = getattr(self, name)
+        if self.dropout is not None:
+            options.update(hidden_dropout_prob=self.dropout, attention_probs_dropout_prob=self.dropout)
+        return options
+
+
+@dataclass
+class DataArguments:
+    """Which data, and how to turn logits into answers."""
+
+    dataset: str = field(
+        default="longrange",
+        metadata={"help": "longrange | local (generated), squad-multipassage (built from SQuAD v1.1 dev), or a Hub dataset name."},
+    )
+    train_file: str | None = field(default=None, metadata={"help": "SQuAD-format json/jsonl training file."})
+    validation_file: str | None = field(default=None, metadata={"help": "SQuAD-format json/jsonl validation file."})
+    squad_path: str | None = field(default=None, metadata={"help": "SQuAD v1.1 json/zip for squad-multipassage."})
+    train_samples: int = field(default=2000, metadata={"help": "Generated/built training examples (or a cap on files)."})
+    eval_samples: int = field(default=200, metadata={"help": "Generated/built validation examples (or a cap on files)."})
+    context_tokens_min: int = field(default=2000, metadata={"help": "Shortest generated context (approximate tokens)."})
+    context_tokens_max: int = field(default=8000, metadata={"help": "Longest generated context (approximate tokens)."})
+    min_gap_tokens: int = field(default=300, metadata={"help": "Least distance between the two facts of a generated chain."})
+    dataset_seed: int = field(default=0, metadata={"help": "Seed of the generated/built data."})
+    max_seq_length: int = field(default=16384, metadata={"help": "Tokens per feature (question + context); longer contexts are truncated."})
+    n_best: int = field(default=20, metadata={"help": "Start candidates per example in post-processing."})
+    max_answer_length: int = field(default=30, metadata={"help": "Longest answer in tokens."})
+
+
+@dataclass
+class CentroidArguments:
+    """When and how the cluster centroids are refitted (CentroidUpdateCallback)."""
+
+    centroid_update_steps: int | None = field(default=None, metadata={"help": "Refit every N optimizer steps."})
+    centroid_update_epochs: float | None = field(default=1.0, metadata={"help": "Refit every N epochs."})
+    memory_size: int = field(default=100_000, metadata={"help": "States kept per cluster layer (paper: 100k)."})
+    centroid_backend: str = field(default="auto", metadata={"help": "auto, torch, faiss-cpu or faiss-gpu."})
+    max_capture_per_forward: int | None = field(default=None, metadata={"help": "Random states banked per forward and layer."})
+
+
+def parse_args(argv: list[str] | None = None):
+    """Parse command-line arguments into (model, data, centroid, training) argument dataclasses."""
+    parser = HfArgumentParser((ModelArguments, DataArguments, CentroidArguments, TrainingArguments))
+    if argv is not None and len(argv) == 1 and argv[0].endswith(".json"):
+        return parser.parse_json_file(json_file=os.path.abspath(argv[0]))
+    return parser.parse_args_into_dataclasses(args=argv)
+
+
+# -- data ---------------------------------------------------------------------------------------------------------
+
+
+def _flatten_squad_json(path: str) -> list[dict[str, Any]]:
+    """Records from an official nested SQuAD json ({"data": [{"paragraphs": ...}]})."""
+    with open(path, encoding="utf-8") as handle:
+        data = json.load(handle)
+    records = []
+    for article in data["data"]:
+        for paragraph in article["paragraphs"]:
+            for qa in paragraph["qas"]:
+                records.append(
+                    {
+                        "id": str(qa["id"]),
+                        "title": article.get("title", ""),
+                        "question": qa["question"],
+                        "context": paragraph["context"],
+                        "answers": {
+                            "text": [a["text"] for a in qa.get("answers", [])],
+                            "answer_start": [a["answer_start"] for a in qa.get("answers", [])],
+                        },
+                    }
+                )
+    return records
+
+
+def _load_file(path: str) -> datasets.Dataset:
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"data file {path} does not exist.")
+    if path.endswith(".json"):
+        with open(path, encoding="utf-8") as handle:
+            head = handle.read(2048).lstrip()
+        if head.startswith("{") and '"data"' in head and '"paragraphs"' in open(path, encoding="utf-8").read():
+            return datasets.Dataset.from_list(_flatten_squad_json(path), features=squad_features())
+    if not path.endswith((".json", ".jsonl")):
+        raise ValueError(f"data file {path} must be .json or .jsonl (SQuAD format).")
+    return datasets.load_dataset("json", data_files=path, split="train")
+
+
+def load_raw_datasets(data: DataArguments, do_train: bool = True) -> datasets.DatasetDict:
+    """The train/validation splits as SQuAD-format records."""
+    splits: dict[str, datasets.Dataset] = {}
+    if data.train_file or data.validation_file:
+        if data.train_file:
+            splits["train"] = _load_file(data.train_file)
+        if data.validation_file:
+            splits["validation"] = _load_file(data.validation_file)
+    elif data.dataset in GENERATED:
+        return load_longrange_dataset(
+            data.dataset,
+            train_size=data.train_samples if do_train else 1,
+            validation_size=data.eval_samples,
+            seed=data.dataset_seed,
+            context_tokens=(data.context_tokens_min, data.context_tokens_max),
+            min_gap_tokens=data.min_gap_tokens,
+        )
+    elif data.dataset == "squad-multipassage":
+        built = load_multipassage_dataset(
+            data.squad_path,
+            num_examples=data.train_samples + data.eval_samples,
+            seed=data.dataset_seed,
+            context_tokens=(data.context_tokens_min, data.context_tokens_max),
+        )
+        splits = {
+            "train": built.select(range(data.train_samples)),
+            "validation": built.select(range(data.train_samples, len(built))),
+        }
+    else:
+        loaded = datasets.load_dataset(data.dataset)
+        splits = {name: loaded[name] for name in ("train", "validation") if name in loaded}
+    if "train" in splits and data.train_samples:
+        splits["train"] = splits["train"].select(range(min(data.train_samples, len(splits["train"]))))
+    if "validation" in splits and data.eval_samples:
+        splits["validation"] = splits["validation"].select(range(min(data.eval_samples, len(splits["validation"]))))
+    return datasets.DatasetDict(splits)
+
+
+# -- model --------------------------------------------------------------------------------------------------------
+
+
+def load_tokenizer(model: ModelArguments, data: DataArguments, raw: datasets.DatasetDict, output_dir: str):
+    """The checkpoint's tokenizer, a named one, or a byte-level BPE built on the training contexts."""
+    name = model.tokenizer_name or model.model_name_or_path
+    if name:
+        tokenizer = AutoTokenizer.from_pretrained(name)
+        tokenizer.model_max_length = max(tokenizer.model_max_length, data.max_seq_length)
+        return tokenizer
+    if data.dataset in GENERATED and not (data.train_file or data.validation_file):
+        return build_longrange_tokenizer(vocab_size=model.vocab_size, seed=data.dataset_seed)
+    split = raw["train"] if "train" in raw else raw["validation"]
+    texts = (row["question"] + "\n" + row["context"] for row in split)
+    return build_tokenizer(texts, vocab_size=model.vocab_size)
+
+
+def load_model(model: ModelArguments, data: DataArguments, tokenizer) -> ClusterFormerForQuestionAnswering:
+    """From a checkpoint (RoBERTa or Cluster-Former) with the command-line cluster options, or from scratch."""
+    options = model.cluster_options()
+    if model.model_name_or_path:
+        return ClusterFormerForQuestionAnswering.from_pretrained(model.model_name_or_path, **options)
+    window = options.get("window_size", 256)
+    question = options.get("max_question_length", 64)
+    config = ClusterFormerConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=model.hidden_size,
+        num_hidden_layers=model.num_hidden_layers,
+        num_attention_heads=model.num_attention_heads,
+        intermediate_size=model.intermediate_size,
+        max_position_embeddings=window + question + 3 + 2,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        type_vocab_size=1,
+        max_context_length=max(data.max_seq_length, 1),
+        **options,
+    )
+    return ClusterFormerForQuestionAnswering(config)
+
+
+# -- evaluation ---------------------------------------------------------------------------------------------------
+
+
+def predict_answers(
+    trainer: Trainer,
+    examples: datasets.Dataset,
+    tokenizer,
+    data: DataArguments,
+) -> tuple[dict[str, str], dict[str, float]]:
+    """Answer texts by example id, and the SQuAD EM/F1 of them (percentages)."""
+    features = examples.map(
+        prepare_validation_features,
+        batched=True,
+        remove_columns=examples.column_names,
+        fn_kwargs={"tokenizer": tokenizer, "max_length": data.max_seq_length},
+        desc="Tokenizing validation",
+    )
+    model_inputs = features.remove_columns([c for c in features.column_names if c not in ("input_ids", "attention_mask")])
+    output = trainer.predict(model_inputs)
+    start_logits, end_logits = output.predictions[:2]
+    predictions = postprocess_predictions(
+        examples, features, start_logits, end_logits, n_best=data.n_best, max_answer_length=data.max_answer_length
+    )
+    metric = load_squad_metric()
+    scores = metric.compute(
+        predictions=[{"id": k, "prediction_text": v} for k, v in predictions.items()],
+        references=[{"id": row["id"], "answers": row["answers"]} for row in examples],
+    )
+    return predictions, scores
+
+
+# -- main ---------------------------------------------------------------------------------------------------------
+
+
+def run(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    centroid_args: CentroidArguments,
+    training_args: TrainingArguments,
+    callbacks: list | None = None,
+) -> dict[str, Any]:
+    """Train and/or evaluate; save model, tokenizer, metrics and model card to ``training_args.output_dir``.
+
+    Returns the metrics dict (train loss/time, eval EM/F1, truncation counts).
+    """
+    start = time.time()
+    raw = load_raw_datasets(data_args, do_train=training_args.do_train)
+    if training_args.do_train and "train" not in raw:
+        raise ValueError("--do_train needs training data: give --train_file or a dataset with a train split.")
+    if training_args.do_eval and "validation" not in raw:
+        raise ValueError("--do_eval needs validation data: give --validation_file or a dataset with a validation split.")
+    tokenizer = load_tokenizer(model_args, data_args, raw, training_args.output_dir)
+    model = load_model(model_args, data_args, tokenizer)
+    logger.info("model: %s", model.config.encoder_layer_kinds)
+
+    metrics: dict[str, Any] = {}
+    train_features = None
+    if training_args.do_train:
+        stats: dict[str, int] = {}
+        train_features = raw["train"].map(
+            prepare_train_features,
+            batched=True,
+            remove_columns=raw["train"].column_names,
+            fn_kwargs={"tokenizer": tokenizer, "max_length": data_args.max_seq_length, "stats": stats},
+            load_from_cache_file=False,
+            desc="Tokenizing training",
+        )
+        truncated = sum(train_features["answer_truncated"])
+        if truncated:
+            logger.warning("%d of %d training answers were lost to truncation at %d tokens.", truncated, len(train_features), data_args.max_seq_length)
+        metrics["train_answers_truncated"] = truncated
+        train_features = train_features.remove_columns(["answer_truncated"])
+
+    all_callbacks = list(callbacks or [])
+    if any(kind == "cluster" for kind in model.config.encoder_layer_kinds):
+        all_callbacks.append(
+            CentroidUpdateCallback(
+                update_every_epochs=centroid_args.centroid_update_epochs,
+                update_every_steps=centroid_args.centroid_update_steps,
+                memory_size=centroid_args.memory_size,
+                backend=centroid_args.centroid_backend,
+                max_capture_per_forward=centroid_args.max_capture_per_forward,
+                seed=training_args.seed,
+            )
+        )
+    trainer = Trainer(
+        model=model,
+        args=training_args,
+        train_dataset=train_features,
+        data_collator=DataCollatorWithPadding(tokenizer),
+        processing_class=tokenizer,
+        callbacks=all_callbacks,
+    )
+    if training_args.do_train:
+        result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+        metrics.update({k: v for k, v in result.metrics.items() if isinstance(v, (int, float))})
+        trainer.save_model()
+    if training_args.do_eval:
+        predictions, scores = predict_answers(trainer, raw["validation"], tokenizer, data_args)
+        metrics.update({"eval_exact_match": scores["exact_match"], "eval_f1": scores["f1"], "eval_samples": len(raw["validation"])})
+        if trainer.is_world_process_zero():
+            os.makedirs(training_args.output_dir, exist_ok=True)
+            with open(Path(training_args.output_dir) / "eval_predictions.json", "w", encoding="utf-8") as handle:
+                json.dump(predictions, handle, indent=1)
+    metrics["seconds"] = round(time.time() - start, 1)
+    if trainer.is_world_process_zero():
+        os.makedirs(training_args.output_dir, exist_ok=True)
+        with open(Path(training_args.output_dir) / "all_results.json", "w", encoding="utf-8") as handle:
+            json.dump({"metrics": metrics, "data": asdict(data_args), "model": asdict(model_args)}, handle, indent=1)
+        if training_args.do_train:
+            tokenizer.save_pretrained(training_args.output_dir)
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Entry point of examples/run_qa.py and ``clusterformer train`` / ``evaluate``."""
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    model_args, data_args, centroid_args, training_args = parse_args(argv)
+    metrics = run(model_args, data_args, centroid_args, training_args)
+    print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in metrics.items()}, indent=1))
+    return metrics
+
+
+__all__ = [
+    "CentroidArguments",
+    "DataArguments",
+    "ModelArguments",
+    "load_model",
+    "load_raw_datasets",
+    "load_tokenizer",
+    "main",
+    "parse_args",
+    "predict_answers",
+    "run",
+]
+

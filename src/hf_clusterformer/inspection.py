@@ -1,0 +1,149 @@
+"""Which tokens share a cluster (paper Table 6): cluster contents, sizes and a cluster-vs-position plot."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .modeling_clusterformer import ClusterFormerPreTrainedModel
+
+
+@dataclass
+class ClusterMember:
+    """One clustered state: its token text, its position in the input and whether it is a question copy."""
+
+    token: str
+    position: int
+    window: int
+    is_question: bool
+
+
+@dataclass
+class ClusterReport:
+    """Clusters of one cluster layer for one input.
+
+    clusters: cluster id -> members in sorted (chunk) order.
+    sizes: cluster id -> number of members.
+    chunk_size: m, members are processed in consecutive chunks of this many states.
+    """
+
+    layer: int
+    clusters: dict[int, list[ClusterMember]] = field(default_factory=dict)
+    chunk_size: int = 0
+
+    @property
+    def sizes(self) -> dict[int, int]:
+        return {cluster: len(members) for cluster, members in self.clusters.items()}
+
+    def max_span(self, cluster: int) -> int:
+        """Largest distance in tokens between two context members of a cluster."""
+        positions = [m.position for m in self.clusters[cluster] if not m.is_question]
+        return max(positions) - min(positions) if len(positions) > 1 else 0
+
+    def format(self, max_clusters: int = 20, max_members: int = 12) -> str:
+        """Text listing: the clusters with the widest spread first, then a size histogram."""
+        lines = [f"Cluster layer {self.layer}: {len(self.clusters)} non-empty clusters, chunks of {self.chunk_size} states"]
+        ranked = sorted(self.clusters, key=self.max_span, reverse=True)
+        for cluster in ranked[:max_clusters]:
+            members = self.clusters[cluster]
+            shown = ", ".join(f"{m.token!r}@{m.position}{'(q)' if m.is_question else ''}" for m in members[:max_members])
+            more = f", … +{len(members) - max_members}" if len(members) > max_members else ""
+            lines.append(f"  cluster {cluster:4d} size {len(members):5d} span {self.max_span(cluster):6d} tokens: {shown}{more}")
+        lines.append("Cluster size histogram (size: clusters):")
+        histogram = Counter(_bucket(size) for size in self.sizes.values())
+        for bucket in sorted(histogram, key=lambda b: int(b.split("-")[0])):
+            lines.append(f"  {bucket:>11}: {'#' * histogram[bucket]} {histogram[bucket]}")
+        return "\n".join(lines)
+
+    def plot(self, path: str | Path) -> Path:
+        """Scatter of cluster id against token position (needs matplotlib: ``pip install hf-clusterformer[plot]``)."""
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError as error:
+            raise ImportError("Plotting needs matplotlib: pip install 'hf-clusterformer[plot]'") from error
+        figure, axis = plt.subplots(figsize=(10, 4))
+        for is_question, colour, label in ((False, "tab:blue", "context"), (True, "tab:red", "question copies")):
+            xs = [m.position for members in self.clusters.values() for m in members if m.is_question == is_question]
+            ys = [c for c, members in self.clusters.items() for m in members if m.is_question == is_question]
+            axis.scatter(xs, ys, s=4, c=colour, label=label)
+        axis.set_xlabel("token position")
+        axis.set_ylabel("cluster id")
+        axis.set_title(f"Cluster layer {self.layer}")
+        axis.legend(loc="upper right")
+        path = Path(path)
+        figure.savefig(path, dpi=120, bbox_inches="tight")
+        plt.close(figure)
+        return path
+
+
+def _bucket(size: int) -> str:
+    low = 1
+    while low * 2 <= size:
+        low *= 2
+    return f"{low}-{low * 2 - 1}"
+
+
+@torch.no_grad()
+def inspect_clusters(
+    model: ClusterFormerPreTrainedModel,
+    tokenizer,
+    question: str,
+    context: str,
+    layer: int | None = None,
+) -> ClusterReport:
+    """Run one question + context and report the clusters of a cluster/LSH layer.
+
+    Args:
+        model: a Cluster-Former model (base or QA).
+        tokenizer: its tokenizer.
+        question, context: the input.
+        layer: encoder layer index of a cluster/LSH layer (default: the first one).
+    """
+    config = model.config
+    global_layers = [i for i, kind in enumerate(config.encoder_layer_kinds) if kind in ("cluster", "lsh")]
+    if not global_layers:
+        raise ValueError("This model has no cluster or LSH layers to inspect (config.cluster_layers is empty).")
+    if layer is None:
+        layer = global_layers[0]
+    if layer not in global_layers:
+        raise ValueError(f"Layer {layer} is not a cluster/LSH layer; choose one of {global_layers}.")
+    if not context.strip():
+        raise ValueError("The context is empty.")
+    encoding = tokenizer(question, context, return_tensors="pt")
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    base = model.base_model
+    outputs = base(
+        encoding["input_ids"].to(device),
+        attention_mask=encoding["attention_mask"].to(device),
+        output_cluster_assignments=True,
+    )
+    model.train(was_training)
+    ids = outputs.cluster_assignments[global_layers.index(layer)][0].cpu()  # (L,)
+    token_index = outputs.window_token_index[0].cpu()  # (K, S)
+    slots = token_index.shape[1]
+    tokens = tokenizer.convert_ids_to_tokens(encoding["input_ids"][0])
+    separator = (encoding["input_ids"][0] == config.eos_token_id).nonzero()[0].item()
+    prefix = separator + 2
+    report = ClusterReport(layer=layer, chunk_size=config.window_stride)
+    order = torch.sort(ids.masked_fill(ids < 0, torch.iinfo(ids.dtype).max), stable=True).indices
+    for flat in order.tolist():
+        cluster = int(ids[flat])
+        if cluster < 0:
+            continue
+        position = int(token_index.view(-1)[flat])
+        text = tokenizer.convert_tokens_to_string([tokens[position]]).strip() or tokens[position]
+        report.clusters.setdefault(cluster, []).append(
+            ClusterMember(token=text, position=position, window=flat // slots, is_question=position < prefix)
+        )
+    return report
+
+
+__all__ = ["ClusterMember", "ClusterReport", "inspect_clusters"]

@@ -21,7 +21,29 @@ AutoConfig.register("clusterformer", ClusterFormerConfig, exist_ok=True)
 AutoModel.register(ClusterFormerConfig, ClusterFormerModel, exist_ok=True)
 AutoModelForQuestionAnswering.register(ClusterFormerConfig, ClusterFormerForQuestionAnswering, exist_ok=True)
 
+# Training-only parts (Trainer callback, K-Means backends) and the pipeline load on first use, so that
+# inference never imports them.
+_LAZY = {
+    "CentroidUpdateCallback": "callback",
+    "CentroidUpdater": "clustering",
+    "MemoryBank": "clustering",
+    "spherical_kmeans": "clustering",
+    "ClusterFormerQuestionAnsweringPipeline": "pipeline",
+    "pipeline": "pipeline",
+    "inspect_clusters": "inspection",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
+    *_LAZY,
     "ClusterFormerConfig",
     "ClusterFormerForQuestionAnswering",
     "ClusterFormerModel",

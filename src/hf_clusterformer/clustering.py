@@ -38,6 +38,7 @@ __all__ = [
     "default_process_group",
     "faiss_available",
     "faiss_gpu_available",
+    "find_cluster_routers",
     "resolve_backend",
     "spherical_kmeans",
 ]
@@ -375,19 +376,21 @@ def _kmeans_plusplus(x: torch.Tensor, k: int, generator: torch.Generator) -> tor
 
     Each step draws ``2 + log k`` candidates with probability ∝ 1 - cos to the nearest chosen centroid (squared
     Euclidean distance / 2 on the sphere) and keeps the one that lowers the total distance most (as scikit-learn).
+    The (m, m) Gram matrix is computed once, so the k sequential steps only read rows of it.
     """
     m = x.shape[0]
     trials = 2 + int(math.log(k))
+    distances = (1 - x @ x.T).clamp_min_(0)  # (m, m)
     chosen = torch.empty(k, dtype=torch.long, device=x.device)
     chosen[0] = torch.randint(m, (1,), generator=generator, device=x.device)[0]
-    distance = (1 - x @ x[chosen[0]]).clamp_min_(0)  # (m,)
+    distance = distances[chosen[0]]  # (m,)
     for i in range(1, k):
         # The tiny floor keeps the weights valid when every row coincides with a chosen one.
         candidates = torch.multinomial(distance + 1e-12, trials, replacement=True, generator=generator)  # (t,)
-        candidate_distance = torch.minimum(distance.unsqueeze(1), (1 - x @ x[candidates].T).clamp_min_(0))  # (m, t)
-        best = candidate_distance.sum(dim=0).argmin()
+        candidate_distance = torch.minimum(distance.unsqueeze(0), distances[candidates])  # (t, m)
+        best = candidate_distance.sum(dim=1).argmin()
         chosen[i] = candidates[best]
-        distance = candidate_distance[:, best].contiguous()
+        distance = candidate_distance[best]
     return x[chosen].clone()
 
 
@@ -421,7 +424,7 @@ def _lloyd_torch(x: torch.Tensor, centroids: torch.Tensor, num_iters: int, group
 
     Each rank assigns its own rows (n_r, d); only per-cluster sums (k, d), counts (k,) and the number of changed
     assignments are all-reduced, so every rank derives the same centroids (k, d). Empty clusters are re-seeded
-    from the first rank's rows worst served by their centroid and broadcast. Stops early once no assignment
+    by farthest-point picks among the first rank's rows, then broadcast. Stops early once no assignment
     changes. Returns the centroids and the number of iterations run.
     """
     k, d = centroids.shape
@@ -440,9 +443,12 @@ def _lloyd_torch(x: torch.Tensor, centroids: torch.Tensor, num_iters: int, group
         num_empty = int(empty.sum())
         if num_empty:
             if _is_first(group) and x.shape[0]:
-                worst = best.topk(min(num_empty, x.shape[0]), largest=False).indices
-                slots = empty.nonzero().squeeze(1)[: worst.numel()]
-                updated[slots] = x[worst]
+                # Farthest-point re-seeding: each empty centroid takes the row worst served so far.
+                served = best.clone()
+                for slot in empty.nonzero().squeeze(1).tolist():
+                    row = x[served.argmin()]
+                    updated[slot] = row
+                    torch.maximum(served, x @ row, out=served)
             updated = _broadcast(updated, group)
         centroids = updated
         previous = ids
@@ -456,13 +462,11 @@ def _lloyd_torch(x: torch.Tensor, centroids: torch.Tensor, num_iters: int, group
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _faiss_kmeans(
-    x: torch.Tensor, k: int, num_iters: int, seed: int, init: torch.Tensor | None, gpu: bool, max_points_per_centroid: int | None
-) -> torch.Tensor:
-    """faiss Lloyd on unit rows (n, d) -> unit centroids (k, d) on x's device.
+def _faiss_kmeans(x: torch.Tensor, k: int, num_iters: int, seed: int, init: torch.Tensor, gpu: bool) -> torch.Tensor:
+    """faiss Lloyd on unit rows (n, d) from unit ``init`` (k, d) -> unit centroids (k, d) on x's device.
 
     faiss' ``spherical=True`` only normalises centroids (inputs are normalised by the caller), and its default
-    ``max_points_per_centroid=256`` subsamples, so it is set to cover all rows unless asked otherwise. On GPU the
+    ``max_points_per_centroid=256`` subsamples, so it is set to cover all rows (the caller subsamples if asked). On GPU the
     index is pinned to x's (or the current) CUDA device: ``gpu=True`` in ``faiss.Kmeans`` would take every GPU,
     which under DDP means every rank on every GPU.
     """
@@ -476,20 +480,23 @@ def _faiss_kmeans(
     params.spherical = True
     params.verbose = False
     params.min_points_per_centroid = 1
-    params.max_points_per_centroid = max_points_per_centroid or (n // k + 1)
+    params.max_points_per_centroid = n // k + 1
     clustering = faiss.Clustering(d, k, params)
-    if init is not None:
-        faiss.copy_array_to_vector(init.detach().float().cpu().contiguous().numpy().reshape(-1), clustering.centroids)
+    faiss.copy_array_to_vector(init.detach().float().cpu().contiguous().numpy().reshape(-1), clustering.centroids)
     if gpu:
         resources = faiss.StandardGpuResources()
         config = faiss.GpuIndexFlatConfig()
-        config.device = x.device.index if x.device.type == "cuda" and x.device.index is not None else torch.cuda.current_device()
+        on_gpu = x.device.type == "cuda" and x.device.index is not None
+        config.device = x.device.index if on_gpu else torch.cuda.current_device()
         index = faiss.GpuIndexFlatIP(resources, d, config)
     else:
         index = faiss.IndexFlatIP(d)
     clustering.train(data, index)
-    centroids = torch.from_numpy(faiss.vector_to_array(clustering.centroids).reshape(k, d).copy())
-    return F.normalize(centroids, dim=1).to(x.device)
+    centroids = torch.from_numpy(faiss.vector_to_array(clustering.centroids).reshape(k, d).copy()).to(x.device)
+    # A cluster whose members cancel out has no direction: keep its starting centroid, as the torch backend does.
+    norms = centroids.norm(dim=1, keepdim=True)
+    degenerate = ~torch.isfinite(norms) | (norms < 1e-6)
+    return torch.where(degenerate, init.to(centroids), centroids / norms.clamp_min(1e-6))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -518,9 +525,9 @@ def spherical_kmeans(
             dropped with a warning.
         num_clusters: k.
         num_iters: Lloyd iterations (torch stops earlier once no assignment changes).
-        seed: seeds k-means++ (torch), faiss' own initialisation and subsampling.
-        init: optional (k, d) starting centroids (warm start from the previous fit); k-means++ (torch) or faiss'
-            random pick otherwise.
+        seed: seeds k-means++ and subsampling.
+        init: optional (k, d) starting centroids (warm start from the previous fit); greedy k-means++ over a sample
+            of all ranks' states otherwise (for every backend: faiss' own random pick often merges clusters).
         backend: ``"auto"``, ``"torch"``, ``"faiss-cpu"`` or ``"faiss-gpu"`` (see `resolve_backend`).
         process_group: run over several processes, each passing its own ``states``. The torch backend runs
             distributed Lloyd (only per-cluster sums and counts are all-reduced); the faiss backends cluster the
@@ -528,7 +535,8 @@ def spherical_kmeans(
             rank's are broadcast at the end).
         max_points_per_centroid: if set, Lloyd runs on a random subset of at most ``k * max_points_per_centroid``
             rows (faiss' sampling rule); statistics still cover all rows.
-        init_sample_size: rows k-means++ draws from (default ``min(n, max(8 k, 4096))``).
+        init_sample_size: rows k-means++ draws from (default ``min(n, max(k, min(max(8 k, 4096), 8192)))``; it
+            builds their (m, m) Gram matrix).
         order: apply `order_centroids_greedy` to the result.
 
     Returns:
@@ -565,16 +573,16 @@ def spherical_kmeans(
         keep = math.ceil(x.shape[0] * k * max_points_per_centroid / total)
         fit = x[torch.randperm(x.shape[0], generator=generator, device=device)[:keep]]
 
+    if init is None:
+        sample = init_sample_size or max(k, min(max(8 * k, 4096), 8192))
+        init = _init_centroids(x, k, counts, sample, seed, process_group)
     iterations = num_iters
     if name == "torch":
-        if init is None:
-            sample = init_sample_size or max(8 * k, 4096)
-            init = _init_centroids(x, k, counts, sample, seed, process_group)
         centroids, iterations = _lloyd_torch(fit, init, num_iters, process_group)
     else:
         centroids = torch.empty(k, x.shape[1], device=device)
         if _is_first(process_group):
-            centroids = _faiss_kmeans(fit, k, num_iters, seed, init, name == "faiss-gpu", max_points_per_centroid)
+            centroids = _faiss_kmeans(fit, k, num_iters, seed, init, name == "faiss-gpu")
     if order:
         centroids = order_centroids_greedy(centroids)
     centroids = _broadcast(centroids.contiguous(), process_group)
@@ -594,8 +602,8 @@ def spherical_kmeans(
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _find_routers(model: nn.Module) -> dict[int, ClusterRouter]:
-    """``model.cluster_routers()``, looking through DDP/FSDP-style ``.module`` wrappers."""
+def find_cluster_routers(model: nn.Module) -> dict[int, ClusterRouter]:
+    """``model.cluster_routers()`` by layer index, looking through DDP/FSDP-style ``.module`` wrappers."""
     while not hasattr(model, "cluster_routers") and hasattr(model, "module"):
         model = model.module
     if not hasattr(model, "cluster_routers"):
@@ -648,7 +656,7 @@ class CentroidUpdater:
         process_group: Any = "auto",
         layers: Iterable[int] | None = None,
     ):
-        routers = _find_routers(model)
+        routers = find_cluster_routers(model)
         if layers is not None:
             missing = set(layers) - set(routers)
             if missing:
@@ -663,7 +671,8 @@ class CentroidUpdater:
         self.banks: dict[int, MemoryBank] = {i: MemoryBank(memory_size, bank_dtype) for i in routers}
         self.memory_size = memory_size
         self.update_every = update_every
-        self.min_states = max(self.num_clusters, min_states if min_states is not None else min(memory_size, 32 * self.num_clusters))
+        default_min = min(memory_size, 32 * self.num_clusters)
+        self.min_states = max(self.num_clusters, min_states if min_states is not None else default_min)
         self.max_capture_per_forward = max_capture_per_forward
         self.backend = backend
         self.num_iters = num_iters
@@ -771,8 +780,11 @@ class CentroidUpdater:
         stats: dict[int, ClusterStats] = {}
         for index, router in self.routers.items():
             init = router.centroids if self.warm_start and bool(router.fitted) else None
+            bank = self.banks[index]
+            # A rank that banked nothing still takes part, with (0, d) states.
+            states = bank.states() if len(bank) else router.centroids.new_empty(0, router.centroids.shape[1])
             result = spherical_kmeans(
-                self.banks[index].states(),
+                states,
                 router.num_clusters,
                 num_iters=self.num_iters,
                 seed=self.seed + 1009 * index + 7 * self.num_updates,

@@ -1,0 +1,204 @@
+"""CentroidUpdateCallback inside the Hugging Face Trainer: schedule, logs, checkpoints and resume."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from helpers import PAD, random_example, tiny_config
+from safetensors.torch import load_file
+from transformers import Trainer, TrainerCallback, TrainingArguments
+
+from hf_clusterformer import ClusterFormerForQuestionAnswering
+from hf_clusterformer.callback import BANK_FILE, CentroidUpdateCallback
+from hf_clusterformer.clustering import faiss_available
+
+CENTROIDS = "roberta.encoder.routers.2.centroids"
+
+
+@pytest.fixture(autouse=True)
+def single_thread():
+    """One intra-op thread: the tiny tensors here gain nothing from more, and on a busy shared machine every
+    multi-threaded op can stall for a scheduler slice."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    faiss_before = None
+    if faiss_available():
+        import faiss
+
+        faiss_before = faiss.omp_get_max_threads()
+        faiss.omp_set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+    if faiss_before is not None:
+        faiss.omp_set_num_threads(faiss_before)
+
+
+class TinyQA(torch.utils.data.Dataset):
+    """Random pair encodings of varied length, right-padded to one length, with a random context answer span."""
+
+    def __init__(self, size: int, seed: int = 0, length: int = 50):
+        generator = torch.Generator().manual_seed(seed)
+        self.rows = []
+        for i in range(size):
+            ids = random_example(generator, 4, 20 + (7 * i) % 22)
+            start = int(torch.randint(7, len(ids) - 2, (1,), generator=generator))
+            mask = [1] * len(ids) + [0] * (length - len(ids))
+            ids = ids + [PAD] * (length - len(ids))
+            self.rows.append(
+                {
+                    "input_ids": torch.tensor(ids),
+                    "attention_mask": torch.tensor(mask),
+                    "start_positions": torch.tensor(start),
+                    "end_positions": torch.tensor(start + 1),
+                }
+            )
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return self.rows[index]
+
+
+class CentroidSnapshots(TrainerCallback):
+    """Records the centroids each optimizer step trains with (taken when the step begins)."""
+
+    def __init__(self):
+        self.by_step: dict[int, torch.Tensor] = {}
+
+    def on_step_begin(self, args, state, control, model=None, **kwargs):
+        self.by_step[state.global_step + 1] = model.cluster_routers()[2].centroids.detach().clone()
+
+
+def make_trainer(output_dir, callback: CentroidUpdateCallback, snapshots=None, cluster_layers=(2,), **arguments) -> Trainer:
+    torch.manual_seed(0)
+    model = ClusterFormerForQuestionAnswering(tiny_config(hidden_dropout_prob=0.1, cluster_layers=list(cluster_layers)))
+    values = dict(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=4,
+        learning_rate=1e-3,
+        num_train_epochs=2,
+        logging_steps=1000,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=0,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    values.update(arguments)
+    callbacks = [callback] + ([snapshots] if snapshots is not None else [])
+    return Trainer(model=model, args=TrainingArguments(**values), train_dataset=TinyQA(16), callbacks=callbacks)
+
+
+def fit_steps(trainer: Trainer) -> list[int]:
+    """Steps whose log entry holds centroid statistics."""
+    return [entry["step"] for entry in trainer.state.log_history if "clusters/layer2/size_min" in entry]
+
+
+def test_trainer_warm_up_step_and_epoch_schedule_and_logs(tmp_path):
+    callback = CentroidUpdateCallback(update_every_epochs=1, update_every_steps=3, min_states=1)
+    trainer = make_trainer(tmp_path, callback)
+    router = trainer.model.cluster_routers()[2]
+    pointer = router.centroids.data_ptr()
+    trainer.train()
+    # 4 steps per epoch: warm-up at step 1 (8 states suffice), step-based at 4 and 7, epoch end at 8
+    # (epoch 1 ends at step 4, right after the step-based fit, and does not fit twice).
+    assert [h["step"] for h in callback.history] == [1, 4, 7, 8]
+    assert fit_steps(trainer) == [1, 4, 7, 8]
+    entry = next(e for e in trainer.state.log_history if "clusters/layer2/size_min" in e)
+    for name in ("size_min", "size_max", "entropy", "normalized_entropy", "mean_cosine", "num_states"):
+        assert f"clusters/layer2/{name}" in entry
+    assert 0 < entry["clusters/layer2/mean_cosine"] <= 1
+    assert bool(router.fitted) and router.centroids.data_ptr() == pointer
+    torch.testing.assert_close(router.centroids.norm(dim=1), torch.ones(8))
+    assert callback.num_updates == 4 and callback.last_update_epoch == 2
+    assert len(callback.updater.banks[2]) == 0 and not callback.updater._handles  # released after training
+
+
+def test_default_schedule_fits_each_epoch_once_banked(tmp_path):
+    callback = CentroidUpdateCallback(min_states=300)
+    trainer = make_trainer(tmp_path, callback, num_train_epochs=3)
+    trainer.train()
+    steps = [h["step"] for h in callback.history]
+    # Warm-up once 300 states are banked (some step of epoch 1), then every epoch end.
+    assert len(steps) in (3, 4) and steps[-2:] == [8, 12] and steps[0] <= 4
+    assert all(h["clusters/layer2/num_states"] >= 300 for h in callback.history)
+
+
+@pytest.mark.parametrize("restore_callback_states", [False, True])
+def test_resume_continues_with_identical_centroids(tmp_path, restore_callback_states):
+    def run(resume: bool):
+        callback = CentroidUpdateCallback(update_every_epochs=None, update_every_steps=3, min_states=1, save_memory_bank=True)
+        snapshots = CentroidSnapshots()
+        trainer = make_trainer(
+            tmp_path,
+            callback,
+            snapshots,
+            max_steps=8,
+            save_strategy="steps",
+            save_steps=4,
+            restore_callback_states_from_checkpoint=restore_callback_states,
+        )
+        trainer.train(resume_from_checkpoint=str(tmp_path / "checkpoint-4") if resume else None)
+        active = next(cb for cb in trainer.callback_handler.callbacks if isinstance(cb, CentroidUpdateCallback))
+        return trainer, active, snapshots
+
+    full, full_callback, full_snapshots = run(resume=False)
+    assert [h["step"] for h in full_callback.history] == [1, 4, 7]
+    checkpoint = tmp_path / "checkpoint-4"
+    assert os.path.isfile(checkpoint / BANK_FILE.format(rank=0))
+    saved = load_file(checkpoint / "model.safetensors")
+    assert torch.equal(saved[CENTROIDS], full_snapshots.by_step[5])  # fitted at step 4, used from step 5
+
+    resumed, resumed_callback, resumed_snapshots = run(resume=True)
+    # Progress came back: no fit at the start, the next one at step 7 (3 steps after the fit at 4), count continues.
+    assert [h["step"] for h in resumed_callback.history] == [7]
+    assert resumed_callback.num_updates == 3
+    assert sorted(resumed_snapshots.by_step) == [5, 6, 7, 8]
+    for step in (5, 6, 7, 8):
+        assert torch.equal(resumed_snapshots.by_step[step], full_snapshots.by_step[step]), step
+    assert torch.equal(resumed.model.cluster_routers()[2].centroids, full.model.cluster_routers()[2].centroids)
+
+
+def test_resume_without_saved_banks_keeps_schedule_and_centroids(tmp_path):
+    def run(resume: bool):
+        callback = CentroidUpdateCallback(update_every_epochs=None, update_every_steps=3, min_states=1)
+        snapshots = CentroidSnapshots()
+        trainer = make_trainer(tmp_path, callback, snapshots, max_steps=8, save_strategy="steps", save_steps=4)
+        trainer.train(resume_from_checkpoint=str(tmp_path / "checkpoint-4") if resume else None)
+        return callback, snapshots
+
+    full_callback, full_snapshots = run(resume=False)
+    assert not (tmp_path / "checkpoint-4" / BANK_FILE.format(rank=0)).exists()
+    resumed_callback, resumed_snapshots = run(resume=True)
+    assert [h["step"] for h in resumed_callback.history] == [7]
+    # Until the next fit the resumed model routes with the checkpoint's centroids.
+    for step in (5, 6, 7):
+        assert torch.equal(resumed_snapshots.by_step[step], full_snapshots.by_step[step])
+    assert not torch.equal(resumed_snapshots.by_step[8], full_snapshots.by_step[7])
+    # The bank restarted at step 5, so the fit at 7 saw fewer states than the uninterrupted run's.
+    assert resumed_callback.history[0]["clusters/layer2/num_states"] < full_callback.history[-1]["clusters/layer2/num_states"]
+
+
+def test_callback_state_is_json_ready_and_validated():
+    callback = CentroidUpdateCallback(update_every_steps=5, bank_dtype="bfloat16")
+    state = callback.state()
+    assert state["args"]["update_every_steps"] == 5 and state["attributes"]["num_updates"] == 0
+    clone = CentroidUpdateCallback.from_state(state)
+    assert clone.settings == callback.settings
+    with pytest.raises(ValueError, match="update_every_steps"):
+        CentroidUpdateCallback(update_every_steps=0)
+    with pytest.raises(ValueError, match="bank_dtype"):
+        CentroidUpdateCallback(bank_dtype="float17")
+
+
+def test_model_without_cluster_layers_trains_untouched(tmp_path, caplog):
+    callback = CentroidUpdateCallback(update_every_steps=1)
+    trainer = make_trainer(tmp_path, callback, cluster_layers=(), max_steps=2)
+    with caplog.at_level("WARNING", logger="hf_clusterformer.callback"):
+        trainer.train()
+    assert "no K-Means cluster layers" in caplog.text
+    assert callback.updater is None and callback.history == []

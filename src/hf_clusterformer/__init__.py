@@ -14,22 +14,22 @@ from .modeling_clusterformer import (
     LSHRouter,
     order_centroids_greedy,
 )
+from .pipeline import ClusterFormerQuestionAnsweringPipeline, pipeline, register_pipeline
 
 __version__ = "0.1.0"
 
 AutoConfig.register("clusterformer", ClusterFormerConfig, exist_ok=True)
 AutoModel.register(ClusterFormerConfig, ClusterFormerModel, exist_ok=True)
 AutoModelForQuestionAnswering.register(ClusterFormerConfig, ClusterFormerForQuestionAnswering, exist_ok=True)
+register_pipeline()  # transformers.pipeline("question-answering", ...) uses the long-context pipeline
 
-# Training-only parts (Trainer callback, K-Means backends) and the pipeline load on first use, so that
-# inference never imports them.
+# Training-only parts (Trainer callback, K-Means backends) load on first use, so that inference never
+# imports them.
 _LAZY = {
     "CentroidUpdateCallback": "callback",
     "CentroidUpdater": "clustering",
     "MemoryBank": "clustering",
     "spherical_kmeans": "clustering",
-    "ClusterFormerQuestionAnsweringPipeline": "pipeline",
-    "pipeline": "pipeline",
     "inspect_clusters": "inspection",
 }
 
@@ -44,6 +44,9 @@ def __getattr__(name: str):
 
 __all__ = [
     *_LAZY,
+    "ClusterFormerQuestionAnsweringPipeline",
+    "pipeline",
+    "register_pipeline",
     "ClusterFormerConfig",
     "ClusterFormerForQuestionAnswering",
     "ClusterFormerModel",

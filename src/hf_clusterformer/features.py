@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = [
     "postprocess_predictions",
@@ -25,16 +28,20 @@ logger = logging.getLogger(__name__)
 def _columns(examples: Mapping[str, Any], columns: Sequence[str]) -> list[list[Any]]:
     missing = [c for c in columns if c not in examples]
     if missing:
-        raise ValueError(
-            f"examples lack column(s) {missing}; found {sorted(examples.keys())}"
-        )
+        raise ValueError(f"examples lack column(s) {missing}; found {sorted(examples.keys())}")
     values = [examples[c] for c in columns]
     if isinstance(values[0], str):
         raise ValueError("expected a batch (columns of lists); use datasets.map(..., batched=True)")
     return [list(v) for v in values]
 
 
-def _encode(tokenizer, questions, contexts, max_length: int, pad_to_max_length: bool):
+def _encode(
+    tokenizer: PreTrainedTokenizerBase,
+    questions: list[str],
+    contexts: list[str],
+    max_length: int,
+    pad_to_max_length: bool,
+) -> Any:
     return tokenizer(
         [q.lstrip() for q in questions],
         contexts,
@@ -53,7 +60,7 @@ def _context_span(sequence_ids: Sequence[int | None]) -> tuple[int, int]:
 
 def prepare_train_features(
     examples: Mapping[str, Any],
-    tokenizer,
+    tokenizer: PreTrainedTokenizerBase,
     max_length: int,
     *,
     question_column: str = "question",
@@ -159,7 +166,7 @@ def prepare_train_features(
 
 def prepare_validation_features(
     examples: Mapping[str, Any],
-    tokenizer,
+    tokenizer: PreTrainedTokenizerBase,
     max_length: int,
     *,
     question_column: str = "question",
@@ -190,13 +197,14 @@ def prepare_validation_features(
 
 def _get_columns(data: Any, columns: Sequence[str]) -> list[list[Any]]:
     """Columns of a ``datasets.Dataset``, a mapping of lists or a list of dicts."""
-    if isinstance(data, Sequence) and not isinstance(data, str) and (not data or isinstance(data[0], Mapping)):
+    if isinstance(data, Sequence) and (not data or isinstance(data[0], Mapping)):
         return [[row[c] for row in data] for c in columns]
-    missing = [c for c in columns if c not in data.column_names] if hasattr(data, "column_names") else [
-        c for c in columns if c not in data
-    ]
+    names = data.column_names if hasattr(data, "column_names") else list(data)
+    missing = [c for c in columns if c not in names]
     if missing:
-        raise ValueError(f"missing column(s) {missing}")
+        raise ValueError(f"missing column(s) {missing}; found {sorted(names)}")
+    if hasattr(data, "select_columns"):  # datasets.Dataset: read whole columns at once
+        data = data.select_columns(list(columns)).with_format(None)[:]
     return [list(data[c]) for c in columns]
 
 
@@ -216,21 +224,26 @@ def postprocess_predictions(
 
     ``features`` carry ``example_id`` and ``offset_mapping`` as made by
     :func:`prepare_validation_features`; ``start_logits``/``end_logits`` hold one row per
-    feature (padding beyond a feature's length is ignored). Candidates are spans of context
-    tokens among the ``n_best`` highest start and end logits, at most ``max_answer_length``
-    tokens long, scored by the sum of their logits; the best over all features of an example
-    wins. Examples without a valid span get ``""``. With ``return_details`` the values are
-    dicts ``{"text", "start", "end", "score"}`` (character offsets into the context).
+    feature as numpy arrays or CPU tensors (padding beyond a feature's length is ignored).
+    Spans lie inside the context and score start logit + end logit: for each of the
+    ``n_best`` best start tokens the best end token at most ``max_answer_length`` tokens on is
+    taken, and the best span over all features of an example wins. Examples without context
+    tokens get ``""``. With ``return_details`` the values are dicts
+    ``{"text", "start", "end", "score"}`` (character offsets into the context).
     """
     if len(start_logits) != len(end_logits):
-        raise ValueError(f"{len(start_logits)} start logit rows but {len(end_logits)} end logit rows")
+        raise ValueError(
+            f"{len(start_logits)} start logit rows but {len(end_logits)} end logit rows"
+        )
     ids, contexts = _get_columns(examples, [id_column, context_column])
     feature_ids, offset_mappings = _get_columns(features, ["example_id", "offset_mapping"])
     if len(feature_ids) != len(start_logits):
         raise ValueError(f"{len(feature_ids)} features but {len(start_logits)} logit rows")
     context_of = dict(zip(map(str, ids), contexts))
     best: dict[str, dict[str, Any]] = {}
-    for feature_id, offsets, starts, ends in zip(feature_ids, offset_mappings, start_logits, end_logits):
+    for feature_id, offsets, starts, ends in zip(
+        map(str, feature_ids), offset_mappings, start_logits, end_logits
+    ):
         if feature_id not in context_of:
             raise ValueError(f"feature refers to unknown example id {feature_id!r}")
         n = min(len(offsets), len(starts), len(ends))
@@ -238,22 +251,21 @@ def postprocess_predictions(
         starts = np.where(valid, np.asarray(starts, dtype=np.float64)[:n], -np.inf)
         ends = np.where(valid, np.asarray(ends, dtype=np.float64)[:n], -np.inf)
         k = min(n_best, int(valid.sum()))
-        top_starts = np.argsort(starts)[::-1][:k]
-        top_ends = np.argsort(ends)[::-1][:k]
-        for s in top_starts:
-            for e in top_ends:
-                if not (valid[s] and valid[e]) or e < s or e - s + 1 > max_answer_length:
-                    continue
-                score = float(starts[s] + ends[e])
-                current = best.get(feature_id)
-                if current is None or score > current["score"]:
-                    start_char, end_char = offsets[s][0], offsets[e][1]
-                    best[feature_id] = {
-                        "text": context_of[feature_id][start_char:end_char],
-                        "start": int(start_char),
-                        "end": int(end_char),
-                        "score": score,
-                    }
+        for start in np.argsort(-starts, kind="stable")[:k]:
+            window = ends[start : start + max_answer_length]
+            end = start + int(np.argmax(window))
+            if not (valid[start] and valid[end]):
+                continue
+            score = float(starts[start] + ends[end])
+            current = best.get(feature_id)
+            if current is None or score > current["score"]:
+                start_char, end_char = offsets[start][0], offsets[end][1]
+                best[feature_id] = {
+                    "text": context_of[feature_id][start_char:end_char],
+                    "start": int(start_char),
+                    "end": int(end_char),
+                    "score": score,
+                }
     results = {}
     for example_id in map(str, ids):
         detail = best.get(example_id, {"text": "", "start": 0, "end": 0, "score": float("-inf")})

@@ -31,9 +31,12 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import datasets
 
 __all__ = [
     "KINDS",
@@ -81,7 +84,7 @@ def approx_token_count(text: str) -> int:
 
 
 def _build_fillers() -> tuple[list[str], list[str]]:
-    nouns = "market river road harvest library bridge festival garden harbour school".split()
+    nouns = "market river road square library bridge forest garden harbour school".split()
     adjectives = "quiet busy cold crowded calm bright wet loud".split()
     times = ["that morning", "in spring", "all week", "at dusk", "last year", "every evening"]
     people = "farmers traders children travellers sailors students".split()
@@ -177,9 +180,9 @@ def _generate_one(
     places = rng.choice(len(PLACE_NAMES), size=len(pairs), replace=False)
     sentences = [_FILLERS[k] if k >= 0 else "" for k in kinds]
     for c, (link, place) in enumerate(pairs):
-        x, y, z = PERSON_NAMES[people[2 * c]], PERSON_NAMES[people[2 * c + 1]], PLACE_NAMES[places[c]]
+        x, y = PERSON_NAMES[people[2 * c]], PERSON_NAMES[people[2 * c + 1]]
         sentences[link] = _LINK.format(x, y)
-        sentences[place] = _PLACE.format(y, z)
+        sentences[place] = _PLACE.format(y, PLACE_NAMES[places[c]])
 
     gold = int(rng.integers(len(pairs)))
     x, y = PERSON_NAMES[people[2 * gold]], PERSON_NAMES[people[2 * gold + 1]]
@@ -284,7 +287,7 @@ def load_longrange_dataset(
     seed: int = 0,
     context_tokens: tuple[int, int] = (2000, 8000),
     **kwargs: Any,
-):
+) -> datasets.DatasetDict:
     """Build a ``datasets.DatasetDict`` with ``train`` and ``validation`` splits.
 
     Extra keyword arguments go to :func:`generate_longrange_dataset`.
@@ -302,7 +305,7 @@ def load_longrange_dataset(
     return datasets.DatasetDict(splits)
 
 
-def squad_features():
+def squad_features() -> datasets.Features:
     """``datasets.Features`` of SQuAD-format records."""
     import datasets
 

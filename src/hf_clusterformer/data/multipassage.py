@@ -13,9 +13,12 @@ import os
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import datasets
 
 from .longrange import approx_token_count
 from .tokenizer import PASSAGE_TOKEN
@@ -41,7 +44,8 @@ def default_squad_path() -> Path:
     env = os.environ.get(SQUAD_PATH_ENV)
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[3].parent / "shared" / "data" / "squad-v1.1-dev.json.zip"
+    checkout = Path(__file__).resolve().parents[3]
+    return checkout.parent / "shared" / "data" / "squad-v1.1-dev.json.zip"
 
 
 def read_squad(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -127,7 +131,9 @@ def build_multipassage_dataset(
         if passage_range is not None:
             count = int(rng.integers(passage_range[0], passage_range[1] + 1))
             if count - 1 > len(others):
-                raise ValueError(f"only {len(others)} distractor paragraphs available, asked {count - 1}")
+                raise ValueError(
+                    f"only {len(others)} distractor paragraphs available, asked {count - 1}"
+                )
             chosen = [int(p) for p in others[: count - 1]]
         else:
             target = int(rng.integers(token_range[0], token_range[1] + 1))
@@ -161,7 +167,7 @@ def load_multipassage_dataset(
     squad_zip_path: str | os.PathLike[str] | None = None,
     num_examples: int = 1000,
     **kwargs: Any,
-):
+) -> datasets.Dataset:
     """:func:`build_multipassage_dataset` as a ``datasets.Dataset``."""
     import datasets
 

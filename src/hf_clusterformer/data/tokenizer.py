@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import RobertaTokenizerFast
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+if TYPE_CHECKING:
+    from transformers import RobertaTokenizerFast
 
 __all__ = [
     "MODEL_MAX_LENGTH",
@@ -39,7 +42,10 @@ def build_tokenizer(
     saved there (``save_pretrained`` layout).
     """
     if vocab_size < 256 + len(SPECIAL_TOKENS):
-        raise ValueError(f"vocab_size must be at least {256 + len(SPECIAL_TOKENS)}, got {vocab_size}")
+        least = 256 + len(SPECIAL_TOKENS)
+        raise ValueError(f"vocab_size must be at least {least}, got {vocab_size}")
+    from transformers import RobertaTokenizerFast
+
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()

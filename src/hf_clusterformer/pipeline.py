@@ -1,0 +1,482 @@
+"""Extractive question answering over whole long contexts: one forward pass per (question, context).
+
+`ClusterFormerQuestionAnsweringPipeline` tokenizes ``<s> question </s></s> context </s>`` without splitting the
+context (up to ``config.max_context_length`` tokens for Cluster-Former models), runs the model once, and maps
+the best start/end token pair back to characters of the context. transformers 5 removed its own
+``question-answering`` pipeline; `register_pipeline` puts this one under that task name.
+
+Outputs follow the old transformers pipeline: ``{"score", "start", "end", "answer"}`` with
+``answer == context[start:end]``; a list of them when ``top_k > 1``. With ``long_answer=True`` an example gives
+``{"short_answers": [...], "long_answers": [...]}``, where long answers are whole paragraphs (NQ style).
+
+This file is self-contained for the Hub (``custom_pipelines`` in ``config.json``): it imports only torch and
+transformers.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import torch
+from transformers import AutoModelForQuestionAnswering, Pipeline
+from transformers.pipelines import PIPELINE_REGISTRY, REMOVED_TASKS
+
+TASK = "question-answering"
+#: Marks the start of a passage in multi-passage (NQ-style) contexts.
+PASSAGE_TOKEN = "<p>"
+#: Parameters of the old transformers question-answering pipeline that split contexts; they have no meaning here.
+_SPLITTING_PARAMETERS = ("doc_stride", "max_seq_len", "max_question_len", "padding")
+_MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "question_lengths")
+_BLANK_LINE = re.compile(r"\n[ \t\r\f\v]*\n")
+
+
+def required_model_max_length(config: Any) -> int | None:
+    """Longest pair encoding a Cluster-Former config accepts: question + context + 4 special tokens.
+
+    ``None`` for configs without ``max_context_length`` (models that are not Cluster-Former).
+    """
+    if getattr(config, "max_context_length", None) is None or getattr(config, "max_question_length", None) is None:
+        return None
+    return config.max_question_length + config.max_context_length + 4
+
+
+class ClusterFormerQuestionAnsweringPipeline(Pipeline):
+    """Extractive QA that feeds the whole context through one forward pass.
+
+    Call with ``pipe(question=..., context=...)``, ``pipe({"question": ..., "context": ...})``, a list of such
+    dicts (optionally with ``batch_size``), or ``pipe(question_list, context_list)``.
+
+    Parameters (at construction or per call):
+        top_k (`int`, defaults to 1): answers per example; a dict when 1, else a list sorted by score.
+        max_answer_len (`int`, defaults to 15): longest answer in tokens (alias ``max_answer_length``).
+        handle_impossible_answer (`bool`, defaults to `False`): allow the empty answer ``""`` (start = end = 0).
+            Its score is ``P(no answer)`` from the answerability head when the model has one
+            (``answerable_logits``), else the ``<s>`` token's start + end logits (the SQuAD 2.0 convention of
+            RoBERTa QA checkpoints). With the head, span scores become ``P(answer) * P(span | answer)``.
+        long_answer (`bool`, defaults to `False`): also rank paragraphs as long answers. Paragraphs start at
+            each ``passage_token`` of the context, or are separated by blank lines when it has none; each is
+            scored by the model's ``long_answer_logits`` at its first token when the output has them, else by
+            ``start_logits`` there, softmaxed over the paragraphs.
+        long_answer_top_k (`int`, defaults to 1): long answers per example.
+        passage_token (`str`, defaults to ``"<p>"``): token that starts a paragraph.
+
+    Scores lie in [0, 1]: a softmax over every valid span (context tokens only, start <= end, at most
+    ``max_answer_len`` tokens) and the empty answer when allowed.
+    """
+
+    _load_processor = False
+    _load_image_processor = False
+    _load_video_processor = False
+    _load_feature_extractor = False
+    _load_tokenizer = True
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.tokenizer is None or not getattr(self.tokenizer, "is_fast", False):
+            raise ValueError(
+                "ClusterFormerQuestionAnsweringPipeline needs a fast tokenizer (for character offsets); "
+                f"got {type(self.tokenizer).__name__}."
+            )
+        needed = required_model_max_length(self.model.config)
+        if needed is not None and (self.tokenizer.model_max_length or 0) < needed:
+            self.tokenizer.model_max_length = needed
+
+    # -- calling ---------------------------------------------------------------------------------------------------
+
+    def __call__(self, *args, **kwargs):
+        """Answer one example or a batch; see the class docstring for the accepted forms."""
+        question = kwargs.pop("question", None)
+        context = kwargs.pop("context", None)
+        if question is not None or context is not None:
+            if args:
+                raise TypeError("Give either question=/context= or positional inputs, not both.")
+            if question is None or context is None:
+                raise ValueError("Both question and context are needed.")
+            inputs = _pair_inputs(question, context)
+        elif len(args) == 2:
+            inputs = _pair_inputs(args[0], args[1])
+        elif len(args) == 1:
+            inputs = args[0]
+            if isinstance(inputs, tuple):
+                inputs = list(inputs)
+        else:
+            raise TypeError("Call the pipeline with question= and context=, or with {'question', 'context'} dicts.")
+        return super().__call__(inputs, **kwargs)
+
+    def _sanitize_parameters(
+        self,
+        top_k: int | None = None,
+        max_answer_len: int | None = None,
+        max_answer_length: int | None = None,
+        handle_impossible_answer: bool | None = None,
+        long_answer: bool | None = None,
+        long_answer_top_k: int | None = None,
+        passage_token: str | None = None,
+        **unknown,
+    ) -> tuple[dict, dict, dict]:
+        splitting = [name for name in unknown if name in _SPLITTING_PARAMETERS]
+        if splitting:
+            raise TypeError(
+                f"{', '.join(splitting)} only applied to pipelines that cut contexts into pieces; this pipeline "
+                "feeds the whole context in one forward pass (limit: config.max_context_length tokens)."
+            )
+        if unknown:
+            raise TypeError(f"Unknown question-answering pipeline parameters: {sorted(unknown)}.")
+        if max_answer_len is not None and max_answer_length is not None and max_answer_len != max_answer_length:
+            raise ValueError("max_answer_len and max_answer_length disagree; give one of them.")
+        max_answer_len = max_answer_len if max_answer_len is not None else max_answer_length
+        preprocess: dict[str, Any] = {}
+        postprocess: dict[str, Any] = {}
+        for name, value in (("top_k", top_k), ("max_answer_len", max_answer_len), ("long_answer_top_k", long_answer_top_k)):
+            if value is not None:
+                if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                    raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+                postprocess[name] = value
+        if handle_impossible_answer is not None:
+            postprocess["handle_impossible_answer"] = bool(handle_impossible_answer)
+        if long_answer is not None:
+            preprocess["long_answer"] = postprocess["long_answer"] = bool(long_answer)
+        if passage_token is not None:
+            preprocess["passage_token"] = passage_token
+        return preprocess, {}, postprocess
+
+    # -- steps -----------------------------------------------------------------------------------------------------
+
+    def preprocess(self, example: dict, long_answer: bool = False, passage_token: str = PASSAGE_TOKEN) -> dict:
+        """Tokenize one ``{"question", "context"}`` pair without truncation.
+
+        Returns model inputs, each (1, T) (``question_lengths`` (1,)), and per-token metadata for `postprocess`.
+        """
+        question, context = _check_example(example)
+        encoding = self.tokenizer(
+            question, context, return_offsets_mapping=True, truncation=False, verbose=False, return_tensors="pt"
+        )
+        sequence_ids = encoding.sequence_ids(0)
+        offsets = [tuple(pair) for pair in encoding.pop("offset_mapping")[0].tolist()]
+        token_ids = encoding["input_ids"][0].tolist()
+        question_tokens = sum(1 for s in sequence_ids if s == 0)
+        context_positions = [i for i, s in enumerate(sequence_ids) if s == 1]
+        self._check_lengths(question_tokens, len(context_positions), len(token_ids))
+
+        special = set(self.tokenizer.all_special_ids)
+        candidate = [
+            sequence_ids[i] == 1 and token_ids[i] not in special and offsets[i][1] > offsets[i][0]
+            for i in range(len(token_ids))
+        ]
+        if not any(candidate):
+            raise ValueError("The context has no token that can start an answer (it is empty or only special tokens).")
+        model_inputs = {k: encoding[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in encoding}
+        if getattr(self.model.config, "model_type", None) == "clusterformer":
+            # The question prefix <s> Q </s></s> ends where the context starts.
+            model_inputs["question_lengths"] = torch.tensor([context_positions[0]])
+        model_inputs.update(
+            context=context,
+            offsets=offsets,
+            candidate=candidate,
+            paragraphs=_paragraphs(context, offsets, sequence_ids, token_ids, self._passage_id(passage_token))
+            if long_answer
+            else None,
+        )
+        return model_inputs
+
+    def _forward(self, model_inputs: dict) -> dict:
+        """One forward pass: start/end logits (B, T), optional answerable (B, 2) and long-answer (B, T) logits."""
+        inputs = {k: model_inputs[k] for k in _MODEL_INPUTS if k in model_inputs}
+        outputs = self.model(**inputs)
+        result = {"start_logits": outputs["start_logits"], "end_logits": outputs["end_logits"]}
+        for name in ("answerable_logits", "long_answer_logits"):
+            value = outputs.get(name) if hasattr(outputs, "get") else None
+            if value is not None:
+                result[name] = value
+        result.update({k: v for k, v in model_inputs.items() if k not in _MODEL_INPUTS})
+        return result
+
+    def postprocess(
+        self,
+        model_outputs: dict,
+        top_k: int = 1,
+        max_answer_len: int = 15,
+        handle_impossible_answer: bool = False,
+        long_answer: bool = False,
+        long_answer_top_k: int = 1,
+    ) -> dict | list[dict]:
+        """Rank answer spans (and paragraphs) of one example; see the class docstring."""
+        length = len(model_outputs["offsets"])
+        start = model_outputs["start_logits"][0, :length].double()  # (T,)
+        end = model_outputs["end_logits"][0, :length].double()  # (T,)
+        answerable = model_outputs.get("answerable_logits")
+        answers = rank_spans(
+            start,
+            end,
+            torch.tensor(model_outputs["candidate"]),
+            max_answer_len=max_answer_len,
+            top_k=top_k,
+            handle_impossible_answer=handle_impossible_answer,
+            answerable_logits=answerable[0].double() if answerable is not None else None,
+        )
+        context, offsets = model_outputs["context"], model_outputs["offsets"]
+        short = []
+        for score, first, last in answers:
+            if first < 0:
+                short.append({"score": score, "start": 0, "end": 0, "answer": ""})
+            else:
+                char_start, char_end = offsets[first][0], offsets[last][1]
+                short.append({"score": score, "start": char_start, "end": char_end, "answer": context[char_start:char_end]})
+        if not long_answer:
+            return short[0] if top_k == 1 else short
+        long_logits = model_outputs.get("long_answer_logits")
+        paragraph_logits = (long_logits if long_logits is not None else model_outputs["start_logits"])[0, :length].double()
+        return {
+            "short_answers": short,
+            "long_answers": rank_paragraphs(paragraph_logits, model_outputs["paragraphs"], context, long_answer_top_k),
+        }
+
+    # -- helpers ---------------------------------------------------------------------------------------------------
+
+    def _check_lengths(self, question_tokens: int, context_tokens: int, total: int) -> None:
+        config = self.model.config
+        if context_tokens == 0:
+            raise ValueError("The context is empty after tokenization; give a non-empty context.")
+        if question_tokens == 0:
+            raise ValueError("The question is empty after tokenization; give a non-empty question.")
+        if required_model_max_length(config) is not None:
+            if question_tokens > config.max_question_length:
+                raise ValueError(
+                    f"The question has {question_tokens} tokens, more than the model's max_question_length "
+                    f"({config.max_question_length}); shorten the question."
+                )
+            if context_tokens > config.max_context_length:
+                raise ValueError(
+                    f"The context has {context_tokens} tokens, more than the model's max_context_length "
+                    f"({config.max_context_length}); shorten the context or load the model with a larger "
+                    "max_context_length."
+                )
+        elif total > self.tokenizer.model_max_length:
+            raise ValueError(
+                f"The input has {total} tokens, more than this model takes ({self.tokenizer.model_max_length}); "
+                "this pipeline does not split contexts, use a Cluster-Former model for long contexts."
+            )
+
+    def _passage_id(self, passage_token: str | None) -> int | None:
+        if not passage_token:
+            return None
+        token_id = self.tokenizer.convert_tokens_to_ids(passage_token)
+        return None if token_id is None or token_id == self.tokenizer.unk_token_id else token_id
+
+    def save_pretrained(self, save_directory, **kwargs):
+        """Save model, tokenizer and this pipeline's code so that ``trust_remote_code=True`` loads all three.
+
+        A model whose classes are not part of transformers gets ``auto_map`` entries for its config and model
+        class (their code files are copied by ``save_pretrained``), and the tokenizer's ``model_max_length``
+        covers the model's longest input.
+        """
+        model_class, config_class = type(self.model), type(self.model.config)
+        if not model_class.__module__.startswith("transformers."):
+            if getattr(config_class, "_auto_class", None) is None:
+                config_class.register_for_auto_class()
+            if getattr(model_class, "_auto_class", None) is None:
+                model_class.register_for_auto_class("AutoModelForQuestionAnswering")
+        needed = required_model_max_length(self.model.config)
+        if needed is not None and self.tokenizer.model_max_length < needed:
+            self.tokenizer.model_max_length = needed
+        return super().save_pretrained(save_directory, **kwargs)
+
+
+def rank_spans(
+    start_logits: torch.Tensor,
+    end_logits: torch.Tensor,
+    candidate: torch.Tensor,
+    max_answer_len: int = 15,
+    top_k: int = 1,
+    handle_impossible_answer: bool = False,
+    answerable_logits: torch.Tensor | None = None,
+) -> list[tuple[float, int, int]]:
+    """Best answer spans by a softmax over all valid spans.
+
+    Args:
+        start_logits, end_logits: (T,) logits of one example.
+        candidate: (T,) bool, tokens that may start or end an answer (context tokens with text).
+        max_answer_len: most tokens in a span, ``end - start + 1``.
+        top_k: spans to return.
+        handle_impossible_answer: also rank the empty answer.
+        answerable_logits: optional (2,) [no answer, answer] logits; without them the empty answer's logit is
+            ``start_logits[0] + end_logits[0]``.
+
+    Returns:
+        Up to ``top_k`` ``(score, start_token, end_token)`` sorted by score; the empty answer is ``(score, -1, -1)``.
+    """
+    positions = candidate.nonzero().flatten()  # (n,)
+    count = positions.numel()
+    if count == 0:
+        raise ValueError("No token can start an answer: candidate is all False.")
+    span_logits, span_starts, span_ends = [], [], []
+    for offset in range(min(max_answer_len, count)):
+        first, last = positions[: count - offset], positions[offset:]
+        fits = (last - first) < max_answer_len
+        span_logits.append((start_logits[first] + end_logits[last])[fits])
+        span_starts.append(first[fits])
+        span_ends.append(last[fits])
+    logits = torch.cat(span_logits) if span_logits else start_logits.new_zeros(0)  # (N,)
+    starts, ends = torch.cat(span_starts), torch.cat(span_ends)
+
+    null_score = None
+    if answerable_logits is not None:
+        log_answer = torch.log_softmax(answerable_logits, dim=-1)  # (2,)
+        log_scores = torch.log_softmax(logits, dim=0) + (log_answer[1] if handle_impossible_answer else 0.0)
+        if handle_impossible_answer:
+            null_score = math.exp(float(log_answer[0]))
+    elif handle_impossible_answer:
+        null_logit = start_logits[0] + end_logits[0]
+        normaliser = torch.logsumexp(torch.cat([logits, null_logit.view(1)]), dim=0)
+        log_scores = logits - normaliser
+        null_score = math.exp(float(null_logit - normaliser))
+    else:
+        log_scores = torch.log_softmax(logits, dim=0)
+
+    best = torch.topk(log_scores, k=min(top_k, log_scores.numel()))
+    ranked = [
+        (min(1.0, math.exp(float(value))), int(starts[index]), int(ends[index]))
+        for value, index in zip(best.values, best.indices)
+    ]
+    if null_score is not None:
+        ranked.append((min(1.0, null_score), -1, -1))
+        ranked.sort(key=lambda item: -item[0])
+    return ranked[:top_k]
+
+
+def rank_paragraphs(
+    logits: torch.Tensor, paragraphs: list[tuple[int, int, int]], context: str, top_k: int = 1
+) -> list[dict]:
+    """Rank paragraphs by the logit of their first token, softmaxed over the paragraphs.
+
+    Args:
+        logits: (T,) per-token scores (``long_answer_logits`` or ``start_logits``).
+        paragraphs: ``(first_token, char_start, char_end)`` of every paragraph.
+        context: the context text.
+        top_k: paragraphs to return.
+
+    Returns:
+        Up to ``top_k`` dicts ``{"score", "start", "end", "answer", "index"}`` sorted by score, where
+        ``answer == context[start:end]`` and ``index`` is the paragraph's position in the context.
+    """
+    if not paragraphs:
+        return []
+    scores = torch.softmax(logits[torch.tensor([p[0] for p in paragraphs])], dim=0)  # (P,)
+    best = torch.topk(scores, k=min(top_k, len(paragraphs)))
+    return [
+        {
+            "score": min(1.0, float(score)),
+            "start": paragraphs[index][1],
+            "end": paragraphs[index][2],
+            "answer": context[paragraphs[index][1] : paragraphs[index][2]],
+            "index": int(index),
+        }
+        for score, index in zip(best.values, best.indices)
+    ]
+
+
+def _paragraphs(
+    context: str,
+    offsets: list[tuple[int, int]],
+    sequence_ids: list[int | None],
+    token_ids: list[int],
+    passage_id: int | None,
+) -> list[tuple[int, int, int]]:
+    """``(first_token, char_start, char_end)`` of each paragraph: from each passage token, else between blank lines."""
+    context_tokens = [i for i, s in enumerate(sequence_ids) if s == 1]
+    markers = [i for i in context_tokens if passage_id is not None and token_ids[i] == passage_id]
+    if markers:
+        starts = [offsets[i][0] for i in markers] + [len(context)]
+        return [
+            (token, starts[k], starts[k] + len(context[starts[k] : starts[k + 1]].rstrip()))
+            for k, token in enumerate(markers)
+        ]
+    spans, begin = [], 0
+    for gap in [*_BLANK_LINE.finditer(context), None]:
+        stop = gap.start() if gap is not None else len(context)
+        text = context[begin:stop]
+        if text.strip():
+            char_start = begin + len(text) - len(text.lstrip())
+            char_end = begin + len(text.rstrip())
+            first = next((i for i in context_tokens if offsets[i][1] > offsets[i][0] and offsets[i][0] >= char_start), None)
+            if first is not None and offsets[first][0] < char_end:
+                spans.append((first, char_start, char_end))
+        if gap is not None:
+            begin = gap.end()
+    return spans
+
+
+def _pair_inputs(question, context) -> dict | list[dict]:
+    """Turn question/context strings or lists (a single string is repeated) into pipeline inputs."""
+    if isinstance(question, str) and isinstance(context, str):
+        return {"question": question, "context": context}
+    questions = [question] if isinstance(question, str) else list(question)
+    contexts = [context] if isinstance(context, str) else list(context)
+    if len(questions) == 1:
+        questions = questions * len(contexts)
+    if len(contexts) == 1:
+        contexts = contexts * len(questions)
+    if len(questions) != len(contexts):
+        raise ValueError(f"Got {len(questions)} questions for {len(contexts)} contexts.")
+    return [{"question": q, "context": c} for q, c in zip(questions, contexts)]
+
+
+def _check_example(example: Any) -> tuple[str, str]:
+    if not isinstance(example, dict) or "question" not in example or "context" not in example:
+        raise ValueError(f"Each input must be a dict with 'question' and 'context', got {type(example).__name__}.")
+    question, context = example["question"], example["context"]
+    for name, value in (("question", question), ("context", context)):
+        if not isinstance(value, str):
+            raise ValueError(f"The {name} must be a string, got {type(value).__name__}.")
+        if not value.strip():
+            raise ValueError(f"The {name} is empty.")
+    return question, context
+
+
+# Pipeline.save_pretrained writes `custom_pipelines` into config.json from this attribute.
+ClusterFormerQuestionAnsweringPipeline._registered_impl = {
+    TASK: {"impl": ClusterFormerQuestionAnsweringPipeline, "pt": (AutoModelForQuestionAnswering,), "type": "text"}
+}
+
+
+def register_pipeline() -> None:
+    """Register the pipeline as transformers' ``question-answering`` task (idempotent).
+
+    transformers 5 lists ``question-answering`` in ``transformers.pipelines.REMOVED_TASKS``, which makes
+    ``pipeline("question-answering", ...)`` raise before looking at the registry; registering takes the task
+    name off that list.
+    """
+    REMOVED_TASKS.pop(TASK, None)
+    current = PIPELINE_REGISTRY.supported_tasks.get(TASK, {}).get("impl")
+    if current is not ClusterFormerQuestionAnsweringPipeline:
+        if current is not None and getattr(current, "__name__", None) == ClusterFormerQuestionAnsweringPipeline.__name__:
+            PIPELINE_REGISTRY.supported_tasks.pop(TASK)  # another copy of this file (e.g. loaded as Hub code)
+        PIPELINE_REGISTRY.register_pipeline(
+            TASK, pipeline_class=ClusterFormerQuestionAnsweringPipeline, pt_model=AutoModelForQuestionAnswering, type="text"
+        )
+
+
+def pipeline(model: Any = None, tokenizer: Any = None, **kwargs: Any) -> ClusterFormerQuestionAnsweringPipeline:
+    """``transformers.pipeline("question-answering", ...)`` with this pipeline class, no remote code needed.
+
+    ``model`` is a model, a local checkpoint directory or a Hub repo id; other arguments go to
+    ``transformers.pipeline`` (``device``, ``top_k``, ``max_answer_len``, ...).
+    """
+    from transformers import pipeline as make_pipeline
+
+    register_pipeline()
+    kwargs.setdefault("pipeline_class", ClusterFormerQuestionAnsweringPipeline)
+    return make_pipeline(TASK, model=model, tokenizer=tokenizer, **kwargs)
+
+
+__all__ = [
+    "PASSAGE_TOKEN",
+    "ClusterFormerQuestionAnsweringPipeline",
+    "pipeline",
+    "rank_paragraphs",
+    "rank_spans",
+    "register_pipeline",
+    "required_model_max_length",
+]

@@ -1,0 +1,246 @@
+"""Generated long-range QA data, the local tokenizer and the SQuAD multi-passage builder."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from hf_clusterformer.data import (
+    MODEL_MAX_LENGTH,
+    PASSAGE_TOKEN,
+    PERSON_NAMES,
+    PLACE_NAMES,
+    SPECIAL_TOKENS,
+    approx_token_count,
+    build_longrange_tokenizer,
+    build_multipassage_dataset,
+    build_tokenizer,
+    default_squad_path,
+    generate_longrange_dataset,
+    load_longrange_dataset,
+    load_multipassage_dataset,
+    read_squad,
+)
+
+WINDOW = 256  # sliding-window size of the model, question included
+SMALL = (400, 1200)  # context lengths that keep the tests fast
+QUESTION = re.compile(r"Where does (\w+) live\?")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_longrange_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def squad_path():
+    path = default_squad_path()
+    if not path.exists():
+        pytest.skip(f"SQuAD v1.1 dev file not available at {path}")
+    return path
+
+
+def _sentence_token_span(offsets: np.ndarray, context: str, char_start: int) -> tuple[int, int]:
+    """First and last context-token index of the sentence starting at ``char_start``."""
+    char_end = context.index(".", char_start) + 1
+    first = int(np.searchsorted(offsets[:, 1], char_start, side="right"))
+    last = int(np.searchsorted(offsets[:, 0], char_end, side="left")) - 1
+    return first, last
+
+
+def _chains(context: str) -> list[tuple[str, str, str]]:
+    links = dict((y, x) for x, y in re.findall(r"(\w+) lives with (\w+)\.", context))
+    places = dict(re.findall(r"(\w+) lives in (\w+)\.", context))
+    assert links.keys() == places.keys(), "every bridge name has exactly one place fact"
+    return [(links[y], y, places[y]) for y in links]
+
+
+@pytest.mark.parametrize("kind", ["longrange", "local"])
+def test_records_are_squad_format_with_exact_offsets(kind):
+    records = generate_longrange_dataset(60, seed=3, context_tokens=SMALL, kind=kind)
+    assert len({r["id"] for r in records}) == 60
+    for r in records:
+        assert set(r) == {"id", "title", "question", "context", "answers"}
+        (text,), (start,) = r["answers"]["text"], r["answers"]["answer_start"]
+        assert r["context"][start : start + len(text)] == text
+        assert text in PLACE_NAMES and r["context"].count(text) == 1
+        assert SMALL[0] <= approx_token_count(r["context"]) <= SMALL[1] + 12
+
+
+def test_generation_is_deterministic_and_prefix_stable():
+    a = generate_longrange_dataset(8, seed=11, context_tokens=SMALL)
+    assert a == generate_longrange_dataset(8, seed=11, context_tokens=SMALL)
+    assert a[:3] == generate_longrange_dataset(3, seed=11, context_tokens=SMALL)
+    b = generate_longrange_dataset(8, seed=12, context_tokens=SMALL)
+    assert not {r["context"] for r in a} & {r["context"] for r in b}
+    val = generate_longrange_dataset(8, seed=11, context_tokens=SMALL, split="validation")
+    assert not {r["context"] for r in a} & {r["context"] for r in val}
+
+
+def test_longrange_answer_needs_two_facts_more_than_a_window_apart(tokenizer):
+    records = generate_longrange_dataset(40, seed=5, context_tokens=(500, 3000))
+    for r in records:
+        context = r["context"]
+        x = QUESTION.fullmatch(r["question"]).group(1)
+        # The asked name occurs once, in its link fact; it has no place fact of its own.
+        assert context.count(x) == 1 and f"{x} lives in" not in context
+        link = re.search(rf"\b{x} lives with (\w+)\.", context)
+        y = link.group(1)
+        place = re.search(rf"\b{y} lives in (\w+)\.", context)
+        assert context.count(y) == 2
+        assert place.group(1) == r["answers"]["text"][0]
+        assert place.start(1) == r["answers"]["answer_start"][0]
+
+        enc = tokenizer(r["question"], context, return_offsets_mapping=True)
+        ids = enc.sequence_ids()
+        offsets = np.array([o for o, s in zip(enc["offset_mapping"], ids) if s == 1])
+        a0, a1 = _sentence_token_span(offsets, context, link.start())
+        b0, b1 = _sentence_token_span(offsets, context, place.start())
+        first = ids.index(1)
+        decoded = tokenizer.decode(enc["input_ids"][first + b0 : first + b1 + 1])
+        assert decoded.strip() == place.group(0)
+        between = b0 - a1 - 1 if b0 > a1 else a0 - b1 - 1
+        # No window of WINDOW tokens (even without the question) holds both sentences.
+        assert between >= WINDOW, (r["id"], between)
+
+
+def test_every_chain_is_split_so_no_window_reveals_the_asked_chain():
+    """Distractor chains are as far apart as the asked one: a window that sees the answer
+    sentence cannot tell it apart by the absence of its link fact."""
+    for r in generate_longrange_dataset(20, seed=8, context_tokens=(1500, 3000)):
+        context = r["context"]
+        chains = _chains(context)
+        assert len(chains) >= 10
+        for x, y, z in chains:
+            a = context.index(f"{x} lives with {y}.")
+            b = context.index(f"{y} lives in {z}.")
+            lo, hi = sorted((a, b))
+            gap = approx_token_count(context[lo : hi]) - 5  # tokens strictly between
+            assert gap >= 300
+
+
+def test_local_answer_is_inside_one_sentence():
+    for r in generate_longrange_dataset(30, seed=2, context_tokens=SMALL, kind="local"):
+        y = QUESTION.fullmatch(r["question"]).group(1)
+        fact = re.search(rf"\b{y} lives in (\w+)\.", r["context"])
+        assert fact.start(1) == r["answers"]["answer_start"][0]
+        assert fact.group(1) == r["answers"]["text"][0]
+
+
+def test_contexts_reach_thousands_of_tokens(tokenizer):
+    records = generate_longrange_dataset(10, seed=0, context_tokens=(2000, 8000))
+    lengths = [len(ids) for ids in tokenizer([r["context"] for r in records])["input_ids"]]
+    approx = [approx_token_count(r["context"]) + 2 for r in records]  # + <s> </s>
+    assert all(2000 <= n <= 8100 for n in lengths)
+    # names and template words are single tokens, so the estimate is nearly exact
+    assert all(0 <= n - m <= 3 for n, m in zip(lengths, approx))
+
+
+def test_bad_arguments_are_rejected():
+    with pytest.raises(ValueError, match="kind"):
+        generate_longrange_dataset(1, kind="global")
+    with pytest.raises(ValueError, match="too short"):
+        generate_longrange_dataset(1, context_tokens=(100, 200))
+    with pytest.raises(ValueError, match="context_tokens"):
+        generate_longrange_dataset(1, context_tokens=(900, 800))
+    assert len(generate_longrange_dataset(2, context_tokens=(60, 80), min_gap_tokens=0)) == 2
+
+
+def test_load_longrange_dataset_splits():
+    dd = load_longrange_dataset("local", train_size=6, validation_size=4, context_tokens=SMALL)
+    assert set(dd) == {"train", "validation"}
+    assert (dd["train"].num_rows, dd["validation"].num_rows) == (6, 4)
+    assert dd["train"].column_names == ["id", "title", "question", "context", "answers"]
+    assert not set(dd["train"]["context"]) & set(dd["validation"]["context"])
+    row = dd["validation"][0]
+    start, text = row["answers"]["answer_start"][0], row["answers"]["text"][0]
+    assert row["context"][start : start + len(text)] == text
+
+
+def test_tokenizer_special_tokens_and_single_token_names(tokenizer):
+    assert [tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS] == list(range(6))
+    assert (tokenizer.cls_token_id, tokenizer.pad_token_id, tokenizer.sep_token_id) == (0, 1, 2)
+    assert (tokenizer.unk_token_id, tokenizer.mask_token_id) == (3, 4)
+    assert tokenizer.model_max_length == MODEL_MAX_LENGTH
+    assert 1000 <= len(tokenizer) <= 4000
+    for name in PERSON_NAMES + PLACE_NAMES:
+        assert len(tokenizer.tokenize(" " + name)) == 1, name
+
+
+def test_tokenizer_pair_encoding_offsets(tokenizer):
+    person, place = PERSON_NAMES[7], PLACE_NAMES[3]
+    question = f"Where does {person} live?"
+    context = f"The road was quiet. {person} lives in {place}. <p> Many farmers sang."
+    enc = tokenizer(question, context, return_offsets_mapping=True)
+    ids, seq = enc["input_ids"], enc.sequence_ids()
+    sep = tokenizer.sep_token_id
+    q_len = len(tokenizer(question)["input_ids"]) - 2
+    assert ids[0] == tokenizer.cls_token_id and ids[-1] == sep
+    assert ids[q_len + 1 : q_len + 3] == [sep, sep]  # <s> Q </s></s> C </s>
+    pieces = [
+        (question if s == 0 else context)[a:b]
+        for (a, b), s in zip(enc["offset_mapping"], seq)
+        if s is not None
+    ]
+    assert "".join(pieces[:q_len]).replace(" ", "") == question.replace(" ", "")
+    expected = ["The", "road", "was", "quiet", ".", person, "lives", "in", place, "."]
+    assert pieces[q_len:][:10] == expected
+    assert pieces.count(PASSAGE_TOKEN) == 1 and ids.count(5) == 1  # one token, space absorbed
+    assert tokenizer.decode(ids, skip_special_tokens=True).startswith(question)
+
+
+def test_tokenizer_round_trip_through_save_pretrained(tmp_path):
+    from transformers import AutoTokenizer
+
+    texts = ["the cat sat on the mat.", "a dog ran to the park."] * 50
+    tok = build_tokenizer(texts, vocab_size=300, save_dir=tmp_path)
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    sample = ("Did the cat sit?", "<p> the cat sat. <p> a dog ran.")
+    assert loaded(*sample)["input_ids"] == tok(*sample)["input_ids"]
+    assert loaded.model_max_length == MODEL_MAX_LENGTH
+    assert loaded.convert_tokens_to_ids(PASSAGE_TOKEN) == 5
+    with pytest.raises(ValueError, match="vocab_size"):
+        build_tokenizer(texts, vocab_size=100)
+
+
+def test_multipassage_contexts_and_offsets(squad_path):
+    squad = read_squad(squad_path)
+    article_of = {
+        p["context"]: article["title"] for article in squad["data"] for p in article["paragraphs"]
+    }
+    kwargs = {"seed": 1, "context_tokens": (2000, 4000)}
+    records = build_multipassage_dataset(squad_path, 25, **kwargs)
+    assert records == build_multipassage_dataset(squad_path, 25, **kwargs)
+    assert len({r["id"] for r in records}) == 25
+    gold_positions = set()
+    for r in records:
+        context = r["context"]
+        assert context.startswith(PASSAGE_TOKEN + " ")
+        passages = context[len(PASSAGE_TOKEN) + 1 :].split(f" {PASSAGE_TOKEN} ")
+        assert all(p in article_of for p in passages)
+        titles = [article_of[p] for p in passages]
+        assert titles.count(r["title"]) == 1, "distractors come from other articles"
+        gold_positions.add(titles.index(r["title"]))
+        assert 2000 <= approx_token_count(context) - len(passages) <= 4000 + 400
+        for text, start in zip(r["answers"]["text"], r["answers"]["answer_start"]):
+            assert context[start : start + len(text)] == text
+        gold_start = context.index(passages[titles.index(r["title"])])
+        assert all(gold_start <= s for s in r["answers"]["answer_start"])
+    assert len(gold_positions) > 5, "the gold passage is shuffled among the distractors"
+
+
+def test_multipassage_passage_count_and_exact_token_budget(squad_path):
+    records = build_multipassage_dataset(squad_path, 5, passages=7, seed=0)
+    assert all(r["context"].count(PASSAGE_TOKEN) == 7 for r in records)
+    tok = build_tokenizer([r["context"] for r in records], vocab_size=2000)
+    records = build_multipassage_dataset(
+        squad_path, 5, seed=2, context_tokens=3000, count_tokens=lambda t: len(tok.tokenize(t))
+    )
+    lengths = [len(tok.tokenize(r["context"])) for r in records]
+    assert all(3000 <= n <= 3000 + 1000 for n in lengths)
+    ds = load_multipassage_dataset(squad_path, 3, passages=(2, 4), seed=0)
+    assert ds.num_rows == 3 and all(2 <= c.count(PASSAGE_TOKEN) <= 4 for c in ds["context"])
+    with pytest.raises(ValueError, match="num_examples"):
+        build_multipassage_dataset(squad_path, 10**6)

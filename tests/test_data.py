@@ -244,3 +244,13 @@ def test_multipassage_passage_count_and_exact_token_budget(squad_path):
     assert ds.num_rows == 3 and all(2 <= c.count(PASSAGE_TOKEN) <= 4 for c in ds["context"])
     with pytest.raises(ValueError, match="num_examples"):
         build_multipassage_dataset(squad_path, 10**6)
+
+
+def test_mention_questions_point_at_the_name_in_its_place_fact():
+    from hf_clusterformer.data import generate_longrange_dataset
+
+    for record in generate_longrange_dataset(20, 3, (200, 400), "mention", min_gap_tokens=60):
+        name = record["answers"]["text"][0]
+        start = record["answers"]["answer_start"][0]
+        assert record["question"] == f"Who is {name} with a home?"
+        assert record["context"][start:].startswith(f"{name} lives in ")

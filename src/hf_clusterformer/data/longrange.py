@@ -15,7 +15,10 @@ one chain only and every place once per context.
 does not mention ``X``, and the sentence linking ``X`` to ``Y`` is far away, so no single
 window can answer it. ``kind="local"`` asks ``"Where does Y live?"`` about the same kind of
 context: one sentence answers it, which checks that a sliding-window model learns the
-surface task at all.
+surface task at all. ``kind="mention"`` asks ``"Who is Y with a home?"``: the answer is the name
+itself where its place fact mentions it. It teaches a model trained from scratch to match a name
+in the question with the same name in the context, the step that both other kinds build on
+(without it, small models trained from scratch stay at chance on ``local`` for thousands of steps).
 
 Names are drawn from small fixed pools (each name is one token of the tokenizer built by
 :func:`hf_clusterformer.data.tokenizer.build_longrange_tokenizer`), sentences follow fixed
@@ -49,8 +52,8 @@ __all__ = [
     "squad_features",
 ]
 
-KINDS = ("longrange", "local")
-_KIND_IDS = {"longrange": 0, "local": 1}
+KINDS = ("longrange", "local", "mention")
+_KIND_IDS = {"longrange": 0, "local": 1, "mention": 2}
 _SPLIT_IDS = {"train": 0, "validation": 1, "test": 2}
 
 _ONSETS = "B D F G H J K L M N P R S T V Z".split()
@@ -73,6 +76,7 @@ PLACE_NAMES: tuple[str, ...] = _name_pool(_PLACE_ENDINGS, 200, 2)
 _LINK = "{} lives with {}."
 _PLACE = "{} lives in {}."
 _QUESTION = "Where does {} live?"
+_MENTION = "Who is {} with a home?"
 _FACT_LEN = 5  # approximate tokens of both fact templates: name, lives, with|in, name, "."
 
 _APPROX_TOKEN_RE = re.compile(r"\w+|[^\w\s]+")
@@ -186,9 +190,11 @@ def _generate_one(
 
     gold = int(rng.integers(len(pairs)))
     x, y = PERSON_NAMES[people[2 * gold]], PERSON_NAMES[people[2 * gold + 1]]
-    answer = PLACE_NAMES[places[gold]]
     place_sentence = pairs[gold][1]
     offset = sum(len(t) for t in sentences[:place_sentence]) + place_sentence
+    if kind == "mention":  # the name itself, where its place fact mentions it
+        return _MENTION.format(y), " ".join(sentences), y, offset
+    answer = PLACE_NAMES[places[gold]]
     answer_start = offset + len(y) + len(" lives in ")
     question = _QUESTION.format(x if kind == "longrange" else y)
     return question, " ".join(sentences), answer, answer_start
@@ -231,7 +237,8 @@ def generate_longrange_dataset(
         seed: base seed; record ``i`` depends only on ``(seed, kind, split, i)``, so a
             longer list extends a shorter one.
         context_tokens: inclusive range of context lengths in approximate tokens.
-        kind: ``"longrange"`` (two-hop, facts far apart) or ``"local"`` (one sentence).
+        kind: ``"longrange"`` (two-hop, facts far apart), ``"local"`` (one sentence) or ``"mention"``
+            (find the asked name's place fact; a curriculum for training from scratch).
         min_gap_tokens: least number of approximate tokens strictly between the two facts of
             every chain; the default 300 exceeds a 256-token window.
         fact_fraction: share of sentences drawn as facts (the rest are fillers).

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import multiprocessing
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import datasets
@@ -35,7 +36,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output_dir", default="outputs")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--train_samples", type=int, default=3000, help="per split (long-range and local)")
+    parser.add_argument("--train_samples", type=int, default=3000, help="per question kind (long-range, local, mention)")
     parser.add_argument("--eval_samples", type=int, default=200, help="per split")
     parser.add_argument("--context_tokens", type=int, nargs=2, default=(300, 600), help="min max (approximate tokens)")
     parser.add_argument("--min_gap_tokens", type=int, default=80, help="least distance between the facts of a chain")
@@ -50,6 +51,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--learning_rate", type=float, default=1e-3)
     parser.add_argument("--epochs", type=float, default=2.0)
     parser.add_argument("--batch_size", type=int, default=16)
+    parser.add_argument("--max_steps", type=int, default=-1, help="overrides --epochs when > 0")
     parser.add_argument("--centroid_update_steps", type=int, default=50)
     parser.add_argument("--quick", action="store_true", help="a smoke run of about a minute")
     return parser.parse_args()
@@ -83,15 +85,60 @@ def make_config(args: argparse.Namespace, tokenizer, cluster_layers: list[int]) 
 def generate(args: argparse.Namespace) -> tuple[datasets.Dataset, dict[str, datasets.Dataset]]:
     options = dict(context_tokens=tuple(args.context_tokens), min_gap_tokens=args.min_gap_tokens, max_chains=args.max_chains)
     train, validation = [], {}
-    for kind in ("longrange", "local"):
+    for kind in ("longrange", "local", "mention"):  # mention questions teach name matching first
         train += generate_longrange_dataset(args.train_samples, args.seed, kind=kind, split="train", **options)
+    for kind in ("longrange", "local"):
         records = generate_longrange_dataset(args.eval_samples, args.seed, kind=kind, split="validation", **options)
         validation[kind] = datasets.Dataset.from_list(records, features=squad_features())
     mixed = datasets.Dataset.from_list(train, features=squad_features()).shuffle(seed=args.seed)
     return mixed, validation
 
 
-def train_and_evaluate(name, config, train_features, validation, tokenizer, args, output_dir: Path) -> dict:
+def prepare(args: argparse.Namespace):
+    """Data, tokenizer and training features; deterministic, so every process builds the same."""
+    train, validation = generate(args)
+    tokenizer = build_longrange_tokenizer(seed=args.seed)
+    train_features = train.map(
+        prepare_train_features,
+        batched=True,
+        remove_columns=train.column_names,
+        fn_kwargs={"tokenizer": tokenizer, "max_length": 16384},
+        desc="Tokenizing",
+    ).remove_columns(["answer_truncated"])
+    return train, validation, tokenizer, train_features
+
+
+def train_in_process(name: str, layers: list[int], args: argparse.Namespace, show_progress: bool) -> dict:
+    """Train and evaluate one model on one thread (the two models train side by side); save it."""
+    torch.set_num_threads(1)
+    datasets.disable_progress_bars()
+    _, validation, tokenizer, train_features = prepare(args)
+    run = train_and_evaluate(
+        name, make_config(args, tokenizer, layers), train_features, validation, tokenizer, args, Path(args.output_dir), show_progress
+    )
+    model = run["model"]
+    path = Path(args.output_dir) / name
+    if layers:
+        card = {
+            "model_id": "clusterformer-demo",
+            "training_data": "Generated two-hop long-range QA (`hf_clusterformer.data.longrange`) with its local control and mention questions.",
+            "results": [
+                {"task": "question-answering",
+                 "dataset": {"name": f"Long-range QA (generated, {split} split)", "type": "longrange", "split": "validation"},
+                 "metrics": {"exact_match": run["scores"][split]["exact_match"], "f1": run["scores"][split]["f1"]}}
+                for split in ("longrange", "local")
+            ],
+            "centroids_fitted": {i: bool(r.fitted) for i, r in model.cluster_routers().items()},
+            "centroid_fitting": f"spherical K-Means every {args.centroid_update_steps} steps on a bank of 20k states",
+        }
+        save_for_hub(model, tokenizer, path, card_data=card)
+    else:
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+    return {"scores": run["scores"], "train_seconds": round(run["train_seconds"], 1), "path": str(path)}
+
+
+def train_and_evaluate(name, config, train_features, validation, tokenizer, args, output_dir: Path, show_progress=True) -> dict:
     set_seed(args.seed)
     model = ClusterFormerForQuestionAnswering(config)
     callbacks = []
@@ -106,16 +153,17 @@ def train_and_evaluate(name, config, train_features, validation, tokenizer, args
         per_device_eval_batch_size=32,
         learning_rate=args.learning_rate,
         num_train_epochs=args.epochs,
+        max_steps=args.max_steps,
         warmup_steps=0.1,
         lr_scheduler_type="linear",
         weight_decay=0.01,
         max_grad_norm=1.0,
-        logging_steps=50,
+        logging_steps=100,
         save_strategy="no",
         report_to="none",
         seed=args.seed,
         dataloader_num_workers=0,
-        disable_tqdm=False,
+        disable_tqdm=not show_progress,
     )
     trainer = Trainer(
         model=model,
@@ -139,31 +187,24 @@ def main() -> None:
     args = parse_args()
     if args.quick:
         args.train_samples, args.eval_samples, args.epochs = 200, 40, 1.0
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
 
     print("1/4 generating data and tokenizer", flush=True)
-    train, validation = generate(args)
-    tokenizer = build_longrange_tokenizer(seed=args.seed)
-    train_features = train.map(
-        prepare_train_features,
-        batched=True,
-        remove_columns=train.column_names,
-        fn_kwargs={"tokenizer": tokenizer, "max_length": 16384},
-        desc="Tokenizing",
-    ).remove_columns(["answer_truncated"])
+    train, _, tokenizer, train_features = prepare(args)
     lengths = [len(ids) for ids in train_features["input_ids"]]
     print(f"   {len(train)} training questions, {min(lengths)}-{max(lengths)} tokens each", flush=True)
 
-    results = {}
-    models = {}
-    for step, (name, layers) in enumerate((("clusterformer", args.cluster_layers), ("sliding-window", [])), start=2):
-        print(f"{step}/4 training {name} (cluster layers {layers or 'none'})", flush=True)
-        run = train_and_evaluate(name, make_config(args, tokenizer, layers), train_features, validation, tokenizer, args, output_dir)
-        results[name] = {"scores": run["scores"], "train_seconds": round(run["train_seconds"], 1)}
-        models[name] = run["model"]
+    runs = {"clusterformer": args.cluster_layers, "sliding-window": []}
+    print("2/4 training Cluster-Former (progress below) and the sliding-window baseline side by side", flush=True)
+    with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {
+            name: pool.submit(train_in_process, name, layers, args, index == 0)
+            for index, (name, layers) in enumerate(runs.items())
+        }
+        results = {name: future.result() for name, future in futures.items()}
+    print("3/4 evaluated both models on the long-range and local validation splits", flush=True)
 
     table = ["| model | long-range EM | long-range F1 | local EM | local F1 | train s |", "|---|---|---|---|---|---|"]
     for name, result in results.items():
@@ -174,25 +215,10 @@ def main() -> None:
         )
     print("\n" + "\n".join(table) + "\n", flush=True)
 
-    print("4/4 saving and answering one question", flush=True)
-    cluster_model = models["clusterformer"]
-    card = {
-        "model_id": "clusterformer-demo",
-        "training_data": "Generated two-hop long-range QA (`hf_clusterformer.data.longrange`) plus its local control split.",
-        "results": [
-            {"task": "question-answering", "dataset": {"name": f"Long-range QA (generated, {split})", "type": "longrange", "split": "validation"},
-             "metrics": {"exact_match": results["clusterformer"]["scores"][split]["exact_match"], "f1": results["clusterformer"]["scores"][split]["f1"]}}
-            for split in ("longrange", "local")
-        ],
-        "centroids_fitted": {i: bool(r.fitted) for i, r in cluster_model.cluster_routers().items()},
-        "centroid_fitting": f"spherical K-Means every {args.centroid_update_steps} steps on a bank of 20k states",
-    }
-    save_for_hub(cluster_model, tokenizer, output_dir / "clusterformer", card_data=card)
-    models["sliding-window"].save_pretrained(output_dir / "sliding-window")
-    tokenizer.save_pretrained(output_dir / "sliding-window")
+    print("4/4 answering one question over a long context", flush=True)
     (output_dir / "results.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
     (output_dir / "results.md").write_text("\n".join(table) + "\n")
-
+    cluster_model = ClusterFormerForQuestionAnswering.from_pretrained(results["clusterformer"]["path"])
     example = generate_longrange_dataset(1, args.seed + 1, context_tokens=(2000, 3000), kind="longrange", split="test",
                                          min_gap_tokens=args.min_gap_tokens)[0]
     qa = qa_pipeline(model=cluster_model.eval(), tokenizer=tokenizer)

@@ -23,6 +23,7 @@ from transformers import (
     HfArgumentParser,
     Trainer,
     TrainingArguments,
+    set_seed,
 )
 
 from .callback import CentroidUpdateCallback
@@ -158,6 +159,21 @@ def _load_file(path: str) -> datasets.Dataset:
     return datasets.load_dataset("json", data_files=path, split="train")
 
 
+#: Columns each split needs: answers label the training data and score the validation data, ids key the predictions.
+REQUIRED_COLUMNS = {"train": ("question", "context", "answers"), "validation": ("id", "question", "context", "answers")}
+
+
+def _check_columns(splits: dict[str, datasets.Dataset]) -> None:
+    """Raise `ValueError` naming the SQuAD-format columns a split lacks."""
+    for name, split in splits.items():
+        missing = [column for column in REQUIRED_COLUMNS.get(name, ()) if column not in split.column_names]
+        if missing:
+            raise ValueError(
+                f"the {name} data ({len(split)} rows) lack column(s) {missing}; found {split.column_names}. "
+                "SQuAD-format records need id, question, context and answers {text: [...], answer_start: [...]}."
+            )
+
+
 def load_raw_datasets(data: DataArguments, do_train: bool = True) -> datasets.DatasetDict:
     """The train/validation splits as SQuAD-format records."""
     splits: dict[str, datasets.Dataset] = {}
@@ -189,6 +205,7 @@ def load_raw_datasets(data: DataArguments, do_train: bool = True) -> datasets.Da
     else:
         loaded = datasets.load_dataset(data.dataset)
         splits = {name: loaded[name] for name in ("train", "validation") if name in loaded}
+    _check_columns(splits)
     if "train" in splits and data.train_samples:
         splits["train"] = splits["train"].select(range(min(data.train_samples, len(splits["train"]))))
     if "validation" in splits and data.eval_samples:
@@ -289,6 +306,7 @@ def run(
     if training_args.do_eval and "validation" not in raw:
         raise ValueError("--do_eval needs validation data: give --validation_file or a dataset with a validation split.")
     tokenizer = load_tokenizer(model_args, data_args, raw, training_args.output_dir)
+    set_seed(training_args.seed)  # before the model: a from-scratch initialisation follows --seed
     model = load_model(model_args, data_args, tokenizer)
     logger.info("model: %s", model.config.encoder_layer_kinds)
 

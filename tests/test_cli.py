@@ -1,0 +1,277 @@
+"""The ``clusterformer`` command: help texts, predict on a long context (text and JSON), one-line errors with exit
+status 2, inspect with a plot, and convert of a RoBERTa QA checkpoint.
+
+The console script itself runs in subprocesses where its exit status and stderr matter; the other cases call
+``hf_clusterformer.cli.main`` in this process (same code path, without a 5 s interpreter start each).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForQuestionAnswering, AutoTokenizer, RobertaConfig, RobertaForQuestionAnswering
+
+import hf_clusterformer  # noqa: F401  (registers the Auto classes)
+from hf_clusterformer import ClusterFormerConfig, ClusterFormerForQuestionAnswering
+from hf_clusterformer.cli import main
+from hf_clusterformer.data import build_tokenizer, generate_longrange_dataset
+
+SCRIPT = Path(sys.executable).with_name("clusterformer")
+QUESTION = "Where does Zorvan live?"
+SUBCOMMANDS = ("train", "evaluate", "predict", "inspect", "convert", "push")
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    """The console script (or ``python -m hf_clusterformer.cli`` where it is not installed) in a subprocess."""
+    command = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "hf_clusterformer.cli"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    return subprocess.run([*command, *args], capture_output=True, text=True, env=env, timeout=180)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("cli")
+
+
+@pytest.fixture(scope="module")
+def context(workdir) -> tuple[Path, str]:
+    """A generated context of about 4000 words and punctuation marks (several thousand BPE tokens)."""
+    text = generate_longrange_dataset(1, 0, (4000, 4000), "longrange")[0]["context"]
+    path = workdir / "context.txt"
+    path.write_text(text, encoding="utf-8")
+    return path, text
+
+
+@pytest.fixture(scope="module")
+def model_dir(workdir, context) -> Path:
+    """A random tiny Cluster-Former QA model and a BPE tokenizer built on the context, saved together."""
+    tokenizer = build_tokenizer([context[1], QUESTION], vocab_size=400)
+    torch.manual_seed(0)
+    config = ClusterFormerConfig(
+        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=3, num_attention_heads=2, intermediate_size=64,
+        cluster_layers=[2], num_clusters=8, window_size=64, window_stride=48, max_question_length=32,
+        max_context_length=16384, max_position_embeddings=128, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, type_vocab_size=1,
+    )
+    path = workdir / "model"
+    ClusterFormerForQuestionAnswering(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def _one_line_error(result, *fragments: str) -> None:
+    assert result.returncode == 2, (result.returncode, result.stdout[-500:], result.stderr[-2000:])
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("clusterformer: error: "), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+# -- help -----------------------------------------------------------------------------------------------------------
+
+
+def test_script_help_lists_every_subcommand():
+    result = _run("--help")
+    assert result.returncode == 0, result.stderr
+    for command in SUBCOMMANDS:
+        assert command in result.stdout
+
+
+@pytest.mark.parametrize("command", SUBCOMMANDS)
+def test_subcommand_help(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "usage:" in out
+    if command in ("train", "evaluate"):  # every run_qa option: model, data, centroid and TrainingArguments
+        for option in ("--model_name_or_path", "--cluster_layers", "--context_tokens_min", "--squad_path",
+                       "--centroid_update_steps", "--do_train", "--max_steps", "--output_dir"):
+            assert option in out
+    elif command in ("predict", "inspect"):
+        assert "--question" in out and "--context-file" in out
+    elif command == "convert":
+        assert "--cluster-layers" in out and "--global-layer-type" in out
+
+
+def test_no_subcommand_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([])
+    assert exit_info.value.code == 2
+    assert "required" in capsys.readouterr().err
+
+
+# -- predict --------------------------------------------------------------------------------------------------------
+
+
+def test_predict_prints_answers_scores_and_time(model_dir, context):
+    path, text = context
+    result = _run("predict", str(model_dir), "--question", QUESTION, "--context-file", str(path), "--top-k", "2")
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 3
+    for rank, line in enumerate(lines[:2], 1):
+        match = re.fullmatch(r"(\d+)\. (.+)  score (\d\.\d{4})  chars (\d+)-(\d+)", line)
+        assert match, line
+        assert int(match[1]) == rank
+        start, end = int(match[4]), int(match[5])
+        assert 0 <= start < end <= len(text)
+        assert ast.literal_eval(match[2]) == text[start:end]  # the repr of the context span
+    timing = re.fullmatch(r"(\d+) tokens in one forward pass, (\d+\.\d\d) s", lines[2])
+    assert timing, lines[2]
+    assert int(timing[1]) > 4000
+
+
+def test_predict_json(model_dir, context):
+    path, text = context
+    result = _run("predict", str(model_dir), "--question", QUESTION, "--context-file", str(path), "--json",
+                  "--top-k", "3", "--max-answer-length", "5")
+    assert result.returncode == 0, result.stderr[-2000:]
+    output = json.loads(result.stdout)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    assert output["tokens"] == len(tokenizer(QUESTION, text)["input_ids"]) > 4000
+    assert output["seconds"] > 0
+    answers = output["answers"]
+    assert len(answers) == 3
+    assert [a["score"] for a in answers] == sorted((a["score"] for a in answers), reverse=True)
+    offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    for answer in answers:
+        assert answer["answer"] == text[answer["start"] : answer["end"]]
+        covered = [o for o in offsets if o[0] < answer["end"] and o[1] > answer["start"]]
+        assert 1 <= len(covered) <= 5  # --max-answer-length is in tokens
+
+
+def test_predict_missing_context_file(model_dir, workdir):
+    missing = workdir / "no-such-context.txt"
+    _one_line_error(_run("predict", str(model_dir), "--question", QUESTION, "--context-file", str(missing)),
+                    str(missing), "does not exist")
+
+
+def test_predict_unreadable_checkpoint(workdir, context):
+    broken = workdir / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "clusterformer", ', encoding="utf-8")
+    _one_line_error(_run("predict", str(broken), "--question", QUESTION, "--context-file", str(context[0])),
+                    "could not load a Cluster-Former checkpoint", str(broken))
+
+
+def test_predict_empty_context_file(model_dir, workdir, capsys):
+    empty = workdir / "empty.txt"
+    empty.write_text(" \n\n", encoding="utf-8")
+    assert main(["predict", str(model_dir), "--question", QUESTION, "--context-file", str(empty)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"clusterformer: error: context file {empty} is empty; give a file with the context text."]
+
+
+def test_predict_missing_checkpoint_dir(workdir, context, capsys):
+    missing = workdir / "no-such-model"
+    assert main(["predict", str(missing), "--question", QUESTION, "--context-file", str(context[0])]) == 2
+    assert capsys.readouterr().err.strip() == f"clusterformer: error: checkpoint directory {missing} does not exist."
+
+
+def test_predict_checkpoint_file_and_empty_question(model_dir, context, capsys):
+    file_not_dir = str(model_dir / "config.json")
+    assert main(["predict", file_not_dir, "--question", QUESTION, "--context-file", str(context[0])]) == 2
+    assert "is a file; give the checkpoint directory" in capsys.readouterr().err
+    assert main(["predict", str(model_dir), "--question", "  ", "--context-file", str(context[0])]) == 2
+    assert capsys.readouterr().err.strip() == "clusterformer: error: the question is empty."
+
+
+def test_evaluate_needs_a_checkpoint(capsys):
+    assert main(["evaluate", "--dataset", "local"]) == 2
+    assert "evaluate needs --model_name_or_path" in capsys.readouterr().err
+
+
+# -- inspect --------------------------------------------------------------------------------------------------------
+
+
+def test_inspect_prints_clusters_and_writes_a_plot(model_dir, context, workdir, capsys):
+    pytest.importorskip("matplotlib")
+    plot = workdir / "clusters.png"
+    code = main(["inspect", str(model_dir), "--question", QUESTION, "--context-file", str(context[0]),
+                 "--max-clusters", "3", "--plot", str(plot)])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Cluster layer 2: ") and "chunks of 48 states" in out
+    assert len(re.findall(r"^  cluster +\d+ size +\d+ span +\d+ tokens: ", out, flags=re.M)) == 3
+    assert "Cluster size histogram" in out
+    assert out.strip().endswith(f"plot written to {plot}")
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 1000
+
+
+def test_inspect_bad_layer(model_dir, context, capsys):
+    argv = ["inspect", str(model_dir), "--question", QUESTION, "--context-file", str(context[0]), "--layer", "0"]
+    assert main(argv) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # after the weight-loading progress bar
+    assert last == "clusterformer: error: Layer 0 is not a cluster/LSH layer; choose one of [2]."
+
+
+# -- convert --------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def roberta_qa(workdir, context) -> Path:
+    """A tiny RobertaForQuestionAnswering checkpoint with its tokenizer."""
+    tokenizer = build_tokenizer([context[1][:20000], QUESTION], vocab_size=300)
+    config = RobertaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=64, type_vocab_size=1, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+    )
+    torch.manual_seed(1)
+    path = workdir / "roberta-qa"
+    RobertaForQuestionAnswering(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_convert_roberta_checkpoint(roberta_qa, workdir, capsys):
+    target = workdir / "converted"
+    code = main(["convert", str(roberta_qa), str(target), "--cluster-layers", "1", "--num-clusters", "4",
+                 "--window-size", "32", "--window-stride", "24", "--max-question-length", "16"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert out.strip() == f"wrote {target} (cluster layers [1], 4 clusters)"  # the QA head came along: nothing new
+
+    converted = AutoModelForQuestionAnswering.from_pretrained(target)
+    assert isinstance(converted, ClusterFormerForQuestionAnswering)
+    assert converted.config.encoder_layer_kinds == ["sliding", "cluster"]
+    assert (converted.config.window_size, converted.config.window_stride) == (32, 24)
+    source = RobertaForQuestionAnswering.from_pretrained(roberta_qa).state_dict()
+    weights = converted.state_dict()
+    for name, tensor in source.items():
+        assert torch.equal(weights[name], tensor), name
+    pair = ("Where?", "Zorvan lives in Tarsk.")
+    assert AutoTokenizer.from_pretrained(target)(*pair) == AutoTokenizer.from_pretrained(roberta_qa)(*pair)
+
+    # A one-window input with no global layer is plain RoBERTa: the converted model gives RoBERTa's logits.
+    sliding = ClusterFormerForQuestionAnswering.from_pretrained(target, cluster_layers=[]).eval()
+    roberta = RobertaForQuestionAnswering.from_pretrained(roberta_qa).eval()
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    encoding = tokenizer(QUESTION, "Zorvan lives with Melka. Melka lives in Tarsk.", return_tensors="pt")
+    with torch.no_grad():
+        ours, theirs = sliding(**encoding), roberta(**encoding)
+    assert torch.allclose(ours.start_logits, theirs.start_logits, atol=1e-5)
+
+
+def test_convert_rejects_other_architectures(workdir, capsys):
+    from transformers import BertConfig
+
+    bert = workdir / "bert"
+    BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64).save_pretrained(bert)
+    assert main(["convert", str(bert), str(workdir / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"clusterformer: error: could not convert {bert}: ") and "only RoBERTa checkpoints" in err
+    assert not (workdir / "out").exists()
+
+
+def test_push_missing_checkpoint(workdir, capsys):
+    assert main(["push", str(workdir / "nothing"), "user/repo"]) == 2
+    assert "does not exist" in capsys.readouterr().err

@@ -1,0 +1,270 @@
+"""run_qa end to end on tiny real data: the script on the generated long-range set, evaluation of its checkpoint,
+the SQuAD-based multi-passage set, local SQuAD-format files (flat records and the official nested layout), and the
+errors for bad data files."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForQuestionAnswering, AutoTokenizer, TrainingArguments
+
+import hf_clusterformer  # noqa: F401  (registers the Auto classes)
+from hf_clusterformer import qa_training
+from hf_clusterformer.data import default_squad_path, generate_longrange_dataset
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: A tiny from-scratch model: 32 wide, 3 layers, 32-token windows with stride 24, one cluster layer.
+TINY_MODEL = [
+    "--hidden_size", "32", "--num_hidden_layers", "3", "--num_attention_heads", "2", "--intermediate_size", "64",
+    "--window_size", "32", "--window_stride", "24", "--max_question_length", "16",
+    "--cluster_layers", "2", "--num_clusters", "8", "--vocab_size", "400",
+]
+#: Short generated contexts and a few optimizer steps on the CPU.
+TINY_RUN = [
+    "--context_tokens_min", "200", "--context_tokens_max", "400", "--min_gap_tokens", "40",
+    "--train_samples", "16", "--eval_samples", "8", "--max_steps", "4",
+    "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "8",
+    "--centroid_update_steps", "2", "--save_strategy", "no", "--report_to", "none", "--use_cpu", "--seed", "0",
+]
+
+
+def _tiny_args(output_dir: Path, **data) -> tuple:
+    """Argument dataclasses for an in-process `qa_training.run` of the tiny model (2 steps)."""
+    model = qa_training.ModelArguments(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, window_size=32,
+        window_stride=24, max_question_length=24, cluster_layers=[1], num_clusters=4, vocab_size=400,
+    )
+    data_args = qa_training.DataArguments(**data)
+    centroids = qa_training.CentroidArguments(centroid_update_steps=1)
+    training = TrainingArguments(
+        output_dir=str(output_dir), do_train=True, do_eval=True, max_steps=2, per_device_train_batch_size=4,
+        per_device_eval_batch_size=8, save_strategy="no", report_to="none", use_cpu=True, seed=0,
+    )
+    return model, data_args, centroids, training
+
+
+def _write_jsonl(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+def _nested_squad(records: list[dict], per_paragraph: int = 2) -> dict:
+    """The official SQuAD v1.1 layout ({"data": [{"title", "paragraphs": [{"context", "qas"}]}]}) of records."""
+    articles = []
+    for start in range(0, len(records), per_paragraph):
+        group = records[start : start + per_paragraph]
+        qas = [
+            {
+                "id": r["id"],
+                "question": r["question"],
+                "answers": [
+                    {"text": t, "answer_start": s} for t, s in zip(r["answers"]["text"], r["answers"]["answer_start"])
+                ],
+            }
+            for r in group
+        ]
+        # One paragraph per group: every question of the group is asked about the group's first context.
+        context = group[0]["context"]
+        for qa, r in zip(qas, group):
+            if r["context"] != context:
+                offset = len(context) + 1
+                context = context + " " + r["context"]
+                for answer in qa["answers"]:
+                    answer["answer_start"] += offset
+        articles.append({"title": f"article {start}", "paragraphs": [{"context": context, "qas": qas}]})
+    return {"version": "1.1", "data": articles}
+
+
+@pytest.fixture(scope="module")
+def script_run(tmp_path_factory) -> Path:
+    """examples/run_qa.py trained 4 steps from scratch on the generated long-range data, in a subprocess."""
+    output_dir = tmp_path_factory.mktemp("run_qa")
+    command = [sys.executable, str(ROOT / "examples" / "run_qa.py"), "--dataset", "longrange", "--do_train",
+               "--do_eval", "--output_dir", str(output_dir), *TINY_MODEL, *TINY_RUN]
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return output_dir
+
+
+def test_script_writes_metrics_in_range(script_run):
+    results = json.loads((script_run / "all_results.json").read_text())
+    metrics = results["metrics"]
+    assert 0.0 <= metrics["eval_exact_match"] <= 100.0
+    assert 0.0 <= metrics["eval_f1"] <= 100.0
+    assert metrics["eval_f1"] >= metrics["eval_exact_match"]
+    assert metrics["eval_samples"] == 8
+    assert metrics["train_answers_truncated"] == 0
+    assert metrics["train_loss"] > 0 and metrics["epoch"] == 1.0  # 16 examples / batch 4 = 4 steps
+    assert results["data"]["dataset"] == "longrange" and results["model"]["window_size"] == 32
+    predictions = json.loads((script_run / "eval_predictions.json").read_text())
+    validation = generate_longrange_dataset(8, 0, (200, 400), "longrange", min_gap_tokens=40, split="validation")
+    assert set(predictions) == {r["id"] for r in validation}
+    for record in validation:
+        assert predictions[record["id"]] in record["context"]
+
+
+def test_script_checkpoint_reloads_with_fitted_centroids(script_run):
+    model = AutoModelForQuestionAnswering.from_pretrained(script_run)
+    assert type(model).__name__ == "ClusterFormerForQuestionAnswering"
+    config = model.config
+    assert (config.hidden_size, config.num_hidden_layers, config.window_size, config.window_stride) == (32, 3, 32, 24)
+    assert config.encoder_layer_kinds == ["sliding", "sliding", "cluster"]
+    router = model.cluster_routers()[2]
+    assert bool(router.fitted), "CentroidUpdateCallback did not fit the centroids during training"
+    assert torch.allclose(router.centroids.norm(dim=-1), torch.ones(8), atol=1e-5)
+
+    tokenizer = AutoTokenizer.from_pretrained(script_run)
+    assert len(tokenizer) == config.vocab_size
+    encoding = tokenizer("Where does Zorvan live?", "Zorvan lives with Melka. Melka lives in Tarsk.",
+                         return_tensors="pt")
+    assert encoding["input_ids"][0, 0].item() == tokenizer.bos_token_id
+    with torch.no_grad():
+        out = model(**encoding)
+    assert out.start_logits.shape == encoding["input_ids"].shape
+
+
+def test_evaluating_the_checkpoint_reproduces_the_training_run_scores(script_run, tmp_path):
+    trained = json.loads((script_run / "all_results.json").read_text())["metrics"]
+    argv = ["--model_name_or_path", str(script_run), "--dataset", "longrange", "--do_eval",
+            "--output_dir", str(tmp_path), *TINY_RUN]
+    metrics = qa_training.main(argv)
+    assert "train_loss" not in metrics
+    assert metrics["eval_exact_match"] == trained["eval_exact_match"]
+    assert metrics["eval_f1"] == pytest.approx(trained["eval_f1"])
+    assert json.loads((tmp_path / "eval_predictions.json").read_text()) == json.loads(
+        (script_run / "eval_predictions.json").read_text()
+    )
+
+
+@pytest.mark.skipif(not default_squad_path().exists(), reason=f"SQuAD v1.1 dev not found at {default_squad_path()}")
+def test_squad_multipassage_subset(tmp_path):
+    model, data, centroids, training = _tiny_args(
+        tmp_path, dataset="squad-multipassage", squad_path=str(default_squad_path()), train_samples=6, eval_samples=4,
+        context_tokens_min=200, context_tokens_max=300,
+    )
+    model.max_question_length, model.vocab_size = 64, 1000  # SQuAD questions are long in a small BPE vocabulary
+    metrics = qa_training.run(model, data, centroids, training)
+    assert metrics["eval_samples"] == 4
+    assert 0.0 <= metrics["eval_exact_match"] <= metrics["eval_f1"] <= 100.0
+    raw = qa_training.load_raw_datasets(data)
+    assert (len(raw["train"]), len(raw["validation"])) == (6, 4)
+    assert not set(raw["train"]["id"]) & set(raw["validation"]["id"])
+    predictions = json.loads((tmp_path / "eval_predictions.json").read_text())
+    for row in raw["validation"]:
+        assert row["context"].startswith("<p> ") and predictions[row["id"]] in row["context"]
+
+
+def test_local_jsonl_train_and_nested_squad_json_validation(tmp_path):
+    train = generate_longrange_dataset(8, 3, (60, 90), "local", min_gap_tokens=10, split="train")
+    validation = generate_longrange_dataset(6, 3, (60, 90), "local", min_gap_tokens=10, split="validation")
+    train_file = _write_jsonl(tmp_path / "train.jsonl", train)
+    nested = _nested_squad(validation)
+    validation_file = tmp_path / "dev.json"
+    validation_file.write_text(json.dumps(nested), encoding="utf-8")
+
+    data_args = qa_training.DataArguments(validation_file=str(validation_file))
+    flattened = qa_training.load_raw_datasets(data_args)["validation"]
+    assert len(flattened) == 6 and flattened[0]["title"] == "article 0"
+    for row in flattened:  # the nested answers still point at their text in the merged paragraphs
+        for text, start in zip(row["answers"]["text"], row["answers"]["answer_start"]):
+            assert row["context"][start : start + len(text)] == text
+
+    model, data, centroids, training = _tiny_args(
+        tmp_path / "out", train_file=str(train_file), validation_file=str(validation_file)
+    )
+    metrics = qa_training.run(model, data, centroids, training)
+    assert metrics["eval_samples"] == 6
+    assert 0.0 <= metrics["eval_exact_match"] <= metrics["eval_f1"] <= 100.0
+    predictions = json.loads((tmp_path / "out" / "eval_predictions.json").read_text())
+    assert set(predictions) == {r["id"] for r in validation}
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "out")  # built on the training file's texts and saved
+    assert len(tokenizer) <= 400
+
+
+def test_local_json_list_of_records(tmp_path):
+    records = generate_longrange_dataset(5, 4, (60, 90), "local", min_gap_tokens=10)
+    path = tmp_path / "records.json"
+    path.write_text(json.dumps(records), encoding="utf-8")
+    raw = qa_training.load_raw_datasets(qa_training.DataArguments(train_file=str(path), validation_file=str(path)))
+    assert raw["train"]["id"] == [r["id"] for r in records]
+    assert raw["validation"][2]["answers"] == records[2]["answers"]
+
+
+def _records(count: int = 6) -> list[dict]:
+    return generate_longrange_dataset(count, 5, (60, 90), "local", min_gap_tokens=10)
+
+
+def test_missing_columns_are_named(tmp_path):
+    rows = [{k: v for k, v in r.items() if k != "question"} for r in _records()]
+    without_question = _write_jsonl(tmp_path / "a.jsonl", rows)
+    model, data, centroids, training = _tiny_args(tmp_path / "out", train_file=str(without_question))
+    training.do_eval = False
+    with pytest.raises(ValueError, match=r"train data \(6 rows\) lack column\(s\) \['question'\]"):
+        qa_training.run(model, data, centroids, training)
+
+    rows = [{k: v for k, v in r.items() if k != "answers"} for r in _records(4)]
+    without_answers = _write_jsonl(tmp_path / "b.jsonl", rows)
+    data = qa_training.DataArguments(validation_file=str(without_answers))
+    with pytest.raises(ValueError, match=r"validation data \(4 rows\) lack column\(s\) \['answers'\]"):
+        qa_training.load_raw_datasets(data)
+
+    wrapped = tmp_path / "wrapped.json"  # flat records under "data" are not the nested SQuAD layout
+    wrapped.write_text(json.dumps({"data": _records(2)}), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"lack column\(s\) \['question', 'context', 'answers'\]; found \['data'\]"):
+        qa_training.load_raw_datasets(qa_training.DataArguments(train_file=str(wrapped)))
+
+
+def test_answers_not_in_context_are_counted(tmp_path):
+    records = _records(6)
+    records[1]["answers"] = {"text": ["Paris"], "answer_start": [3]}
+    records[4]["answers"] = {"text": [records[4]["answers"]["text"][0]], "answer_start": [0]}
+    path = _write_jsonl(tmp_path / "bad.jsonl", records)
+    model, data, centroids, training = _tiny_args(tmp_path / "out", train_file=str(path))
+    training.do_eval = False
+    with pytest.raises(ValueError, match=r"2 of 6 examples have an answer text not found at its .*\[1, 4\]"):
+        qa_training.run(model, data, centroids, training)
+
+
+def test_missing_and_unsupported_files(tmp_path):
+    missing = tmp_path / "nowhere.jsonl"
+    with pytest.raises(FileNotFoundError, match=f"data file {missing} does not exist"):
+        qa_training.load_raw_datasets(qa_training.DataArguments(train_file=str(missing)))
+    csv = tmp_path / "data.csv"
+    csv.write_text("question,context\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"must be \.json or \.jsonl"):
+        qa_training.load_raw_datasets(qa_training.DataArguments(validation_file=str(csv)))
+    with pytest.raises(FileNotFoundError, match="SQuAD file not found"):
+        qa_training.load_raw_datasets(
+            qa_training.DataArguments(dataset="squad-multipassage", squad_path=str(tmp_path / "squad.zip"))
+        )
+
+
+def test_train_without_training_data_is_refused(tmp_path):
+    path = _write_jsonl(tmp_path / "dev.jsonl", _records(3))
+    model, data, centroids, training = _tiny_args(tmp_path / "out", validation_file=str(path))
+    with pytest.raises(ValueError, match="--do_train needs training data"):
+        qa_training.run(model, data, centroids, training)
+
+
+def test_runs_are_reproducible_by_seed(tmp_path):
+    """The from-scratch initialisation, batches and centroids follow --seed: equal seeds, equal runs."""
+    path = _write_jsonl(tmp_path / "train.jsonl", _records(8))
+    runs = []
+    for index, seed in enumerate((0, 0, 1)):
+        model, data, centroids, training = _tiny_args(tmp_path / f"out{index}", train_file=str(path))
+        centroids.centroid_backend = "torch"
+        training.do_eval, training.seed = False, seed
+        loss = qa_training.run(model, data, centroids, training)["train_loss"]
+        runs.append((loss, load_file(tmp_path / f"out{index}" / "model.safetensors")))
+    (loss_a, weights_a), (loss_b, weights_b), (loss_c, _) = runs
+    assert loss_a == loss_b != loss_c
+    assert all(torch.equal(weights_a[name], weights_b[name]) for name in weights_a)

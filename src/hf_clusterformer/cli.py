@@ -50,7 +50,10 @@ def _cmd_train(argv: list[str], evaluate_only: bool) -> int:
         raise CommandError("evaluate needs --model_name_or_path (a trained Cluster-Former checkpoint).")
     if "--output_dir" not in argv:
         argv += ["--output_dir", "outputs/run_qa"]
-    run_qa(argv)
+    try:
+        run_qa(argv)
+    except (FileNotFoundError, ValueError) as error:
+        raise CommandError(str(error)) from error
     return 0
 
 

@@ -38,9 +38,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--train_samples", type=int, default=3000, help="per question kind (long-range, local, mention)")
     parser.add_argument("--eval_samples", type=int, default=200, help="per split")
-    parser.add_argument("--context_tokens", type=int, nargs=2, default=(300, 600), help="min max (approximate tokens)")
-    parser.add_argument("--min_gap_tokens", type=int, default=80, help="least distance between the facts of a chain")
-    parser.add_argument("--max_chains", type=int, default=None, help="chains per context (default: as many as fit)")
+    parser.add_argument("--context_tokens", type=int, nargs=2, default=(150, 250), help="min max (approximate tokens)")
+    parser.add_argument("--min_gap_tokens", type=int, default=60, help="least distance between the facts of a chain")
+    parser.add_argument("--max_chains", type=int, default=3, help="chains (candidate answers) per context")
     parser.add_argument("--hidden_size", type=int, default=64)
     parser.add_argument("--num_hidden_layers", type=int, default=4)
     parser.add_argument("--cluster_layers", type=int, nargs="+", default=[2])
@@ -51,7 +51,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--learning_rate", type=float, default=1e-3)
     parser.add_argument("--epochs", type=float, default=2.0)
     parser.add_argument("--batch_size", type=int, default=16)
-    parser.add_argument("--max_steps", type=int, default=-1, help="overrides --epochs when > 0")
+    parser.add_argument("--max_steps", type=int, default=1800, help="optimizer steps (overrides --epochs when > 0)")
     parser.add_argument("--centroid_update_steps", type=int, default=50)
     parser.add_argument("--quick", action="store_true", help="a smoke run of about a minute")
     return parser.parse_args()
@@ -186,7 +186,7 @@ def train_and_evaluate(name, config, train_features, validation, tokenizer, args
 def main() -> None:
     args = parse_args()
     if args.quick:
-        args.train_samples, args.eval_samples, args.epochs = 200, 40, 1.0
+        args.train_samples, args.eval_samples, args.epochs, args.max_steps = 200, 40, 1.0, -1
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()

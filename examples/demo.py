@@ -124,7 +124,7 @@ def train_in_process(name: str, layers: list[int], args: argparse.Namespace, sho
             "training_data": "Generated two-hop long-range QA (`hf_clusterformer.data.longrange`) with its local control and mention questions.",
             "results": [
                 {"task": "question-answering",
-                 "dataset": {"name": f"Long-range QA (generated, {split} split)", "type": "longrange", "split": "validation"},
+                 "dataset": {"name": f"Long-range QA (generated, {split} split)", "type": "longrange" if split == "longrange" else "longrange-local", "split": "validation"},
                  "metrics": {"exact_match": run["scores"][split]["exact_match"], "f1": run["scores"][split]["f1"]}}
                 for split in ("longrange", "local")
             ],

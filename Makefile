@@ -23,6 +23,7 @@ test: install
 bench: install
 	$(PY) bench/bench_encoder.py
 	$(PY) bench/bench_kmeans.py
+	$(PY) bench/bench_capture.py
 
 clean:
 	rm -rf $(VENV) outputs build src/*.egg-info

@@ -12,6 +12,9 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
+
+from .pipeline import rank_spans
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -213,7 +216,6 @@ def postprocess_predictions(
     features: Any,
     start_logits: Any,
     end_logits: Any,
-    n_best: int = 20,
     max_answer_length: int = 30,
     *,
     id_column: str = "id",
@@ -225,9 +227,9 @@ def postprocess_predictions(
     ``features`` carry ``example_id`` and ``offset_mapping`` as made by
     :func:`prepare_validation_features`; ``start_logits``/``end_logits`` hold one row per
     feature as numpy arrays or CPU tensors (padding beyond a feature's length is ignored).
-    Spans lie inside the context and score start logit + end logit: for each of the
-    ``n_best`` best start tokens the best end token at most ``max_answer_length`` tokens on is
-    taken, and the best span over all features of an example wins. Examples without context
+    Spans lie inside the context and are ranked exactly as the pipeline ranks them
+    (`hf_clusterformer.pipeline.rank_spans`: a softmax over every span of at most
+    ``max_answer_length`` tokens); the most probable span over all features of an example wins. Examples without context
     tokens get ``""``. With ``return_details`` the values are dicts
     ``{"text", "start", "end", "score"}`` (character offsets into the context).
     """
@@ -247,25 +249,25 @@ def postprocess_predictions(
         if feature_id not in context_of:
             raise ValueError(f"feature refers to unknown example id {feature_id!r}")
         n = min(len(offsets), len(starts), len(ends))
-        valid = np.array([o is not None for o in offsets[:n]], dtype=bool)
-        starts = np.where(valid, np.asarray(starts, dtype=np.float64)[:n], -np.inf)
-        ends = np.where(valid, np.asarray(ends, dtype=np.float64)[:n], -np.inf)
-        k = min(n_best, int(valid.sum()))
-        for start in np.argsort(-starts, kind="stable")[:k]:
-            window = ends[start : start + max_answer_length]
-            end = start + int(np.argmax(window))
-            if not (valid[start] and valid[end]):
-                continue
-            score = float(starts[start] + ends[end])
-            current = best.get(feature_id)
-            if current is None or score > current["score"]:
-                start_char, end_char = offsets[start][0], offsets[end][1]
-                best[feature_id] = {
-                    "text": context_of[feature_id][start_char:end_char],
-                    "start": int(start_char),
-                    "end": int(end_char),
-                    "score": score,
-                }
+        candidate = torch.tensor([o is not None for o in offsets[:n]], dtype=torch.bool)
+        if not candidate.any():
+            continue
+        # the pipeline's span search: a softmax over every context span of at most max_answer_length tokens
+        ((score, start, end),) = rank_spans(
+            torch.as_tensor(np.asarray(starts[:n], dtype=np.float32)),
+            torch.as_tensor(np.asarray(ends[:n], dtype=np.float32)),
+            candidate,
+            max_answer_len=max_answer_length,
+        )
+        current = best.get(feature_id)
+        if current is None or score > current["score"]:
+            start_char, end_char = offsets[start][0], offsets[end][1]
+            best[feature_id] = {
+                "text": context_of[feature_id][start_char:end_char],
+                "start": int(start_char),
+                "end": int(end_char),
+                "score": score,
+            }
     results = {}
     for example_id in map(str, ids):
         detail = best.get(example_id, {"text": "", "start": 0, "end": 0, "score": float("-inf")})

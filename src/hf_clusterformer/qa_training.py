@@ -97,7 +97,6 @@ class DataArguments:
     min_gap_tokens: int = field(default=300, metadata={"help": "Least distance between the two facts of a generated chain."})
     dataset_seed: int = field(default=0, metadata={"help": "Seed of the generated/built data."})
     max_seq_length: int = field(default=16384, metadata={"help": "Tokens per feature (question + context); longer contexts are truncated."})
-    n_best: int = field(default=20, metadata={"help": "Start candidates per example in post-processing."})
     max_answer_length: int = field(default=30, metadata={"help": "Longest answer in tokens."})
 
 
@@ -275,7 +274,7 @@ def predict_answers(
     output = trainer.predict(model_inputs)
     start_logits, end_logits = output.predictions[:2]
     predictions = postprocess_predictions(
-        examples, features, start_logits, end_logits, n_best=data.n_best, max_answer_length=data.max_answer_length
+        examples, features, start_logits, end_logits, max_answer_length=data.max_answer_length
     )
     metric = load_squad_metric()
     scores = metric.compute(

@@ -8,8 +8,17 @@ pytest_plugins = ["hub_fixtures"]
 
 @pytest.fixture(autouse=True, scope="session")
 def _one_thread():
-    """Tiny models run fastest on one thread, and the suite stays fast on a busy 2-core machine."""
+    """Tiny models run fastest on one thread (torch and faiss), and the suite stays fast on a busy 2-core machine."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    try:
+        import faiss
+    except ImportError:
+        faiss = None
+    faiss_threads = faiss.omp_get_max_threads() if faiss is not None else None
+    if faiss is not None:
+        faiss.omp_set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+    if faiss is not None:
+        faiss.omp_set_num_threads(faiss_threads)

@@ -12,27 +12,9 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from hf_clusterformer import ClusterFormerForQuestionAnswering
 from hf_clusterformer.callback import BANK_FILE, CentroidUpdateCallback
-from hf_clusterformer.clustering import faiss_available
 
 CENTROIDS = "roberta.encoder.routers.2.centroids"
 
-
-@pytest.fixture(autouse=True)
-def single_thread():
-    """One intra-op thread: the tiny tensors here gain nothing from more, and on a busy shared machine every
-    multi-threaded op can stall for a scheduler slice."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    faiss_before = None
-    if faiss_available():
-        import faiss
-
-        faiss_before = faiss.omp_get_max_threads()
-        faiss.omp_set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-    if faiss_before is not None:
-        faiss.omp_set_num_threads(faiss_before)
 
 
 class TinyQA(torch.utils.data.Dataset):

@@ -26,23 +26,6 @@ from hf_clusterformer.clustering import (
 BACKENDS = [b for b in ("torch", "faiss-cpu") if b in available_backends("cpu")]
 
 
-@pytest.fixture(autouse=True)
-def single_thread():
-    """One intra-op thread: the tiny tensors here gain nothing from more, and on a busy shared machine every
-    multi-threaded op can stall for a scheduler slice."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    faiss_before = None
-    if faiss_available():
-        import faiss
-
-        faiss_before = faiss.omp_get_max_threads()
-        faiss.omp_set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-    if faiss_before is not None:
-        faiss.omp_set_num_threads(faiss_before)
-
 
 def mixture(n: int, dim: int, k: int, noise: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """n states around k random unit directions: ((n, dim) states, (k, dim) directions)."""

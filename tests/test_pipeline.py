@@ -39,14 +39,6 @@ QUESTION = "Where does Zorvan live?"
 CONTEXT = " ".join(SENTENCES[:3] + SENTENCES[4:])
 
 
-@pytest.fixture(scope="module", autouse=True)
-def single_thread():
-    """Tiny models run far faster on one thread, above all on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 @pytest.fixture(scope="module")
 def tokenizer():

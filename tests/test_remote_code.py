@@ -121,13 +121,6 @@ CONFIG_FIELDS = ["cluster_layers", "num_clusters", "window_size", "window_stride
                  "max_context_length", "use_answerability_head", "global_layer_type"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 @pytest.fixture(scope="module")
 def tokenizer():

@@ -268,3 +268,17 @@ def test_runs_are_reproducible_by_seed(tmp_path):
     (loss_a, weights_a), (loss_b, weights_b), (loss_c, _) = runs
     assert loss_a == loss_b != loss_c
     assert all(torch.equal(weights_a[name], weights_b[name]) for name in weights_a)
+
+
+def test_questions_longer_than_the_model_allows_fail_before_training(tmp_path):
+    from transformers import TrainingArguments
+
+    from hf_clusterformer.qa_training import CentroidArguments, DataArguments, ModelArguments, run
+
+    model = ModelArguments(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                           cluster_layers=[1], num_clusters=4, window_size=32, window_stride=24, max_question_length=3)
+    data = DataArguments(dataset="local", train_samples=8, eval_samples=4, context_tokens_min=120,
+                         context_tokens_max=160, min_gap_tokens=20)
+    training = TrainingArguments(output_dir=str(tmp_path), do_train=True, max_steps=1, report_to="none", save_strategy="no")
+    with pytest.raises(ValueError, match=r"8 of 8 training questions have more than max_question_length=3"):
+        run(model, data, CentroidArguments(), training)

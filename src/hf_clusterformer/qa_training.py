@@ -256,6 +256,19 @@ def load_model(model: ModelArguments, data: DataArguments, tokenizer) -> Cluster
 # -- evaluation ---------------------------------------------------------------------------------------------------
 
 
+def check_question_lengths(features: datasets.Dataset, tokenizer, max_question_length: int, split: str) -> None:
+    """Raise a `ValueError` with counts when questions exceed the model's ``max_question_length`` (before any training)."""
+    sep = tokenizer.sep_token_id
+    lengths = [ids.index(sep) - 1 if sep in ids else 0 for ids in features["input_ids"]]
+    too_long = [i for i, n in enumerate(lengths) if n > max_question_length]
+    if too_long:
+        raise ValueError(
+            f"{len(too_long)} of {len(lengths)} {split} questions have more than max_question_length="
+            f"{max_question_length} tokens (longest {max(lengths)}; rows {too_long[:5]}...); pass "
+            f"--max_question_length {max(lengths)} (a new model) or shorten those questions."
+        )
+
+
 def predict_answers(
     trainer: Trainer,
     examples: datasets.Dataset,
@@ -270,6 +283,7 @@ def predict_answers(
         fn_kwargs={"tokenizer": tokenizer, "max_length": data.max_seq_length},
         desc="Tokenizing validation",
     )
+    check_question_lengths(features, tokenizer, trainer.model.config.max_question_length, "validation")
     model_inputs = features.remove_columns([c for c in features.column_names if c not in ("input_ids", "attention_mask")])
     output = trainer.predict(model_inputs)
     start_logits, end_logits = output.predictions[:2]
@@ -321,6 +335,7 @@ def run(
             load_from_cache_file=False,
             desc="Tokenizing training",
         )
+        check_question_lengths(train_features, tokenizer, model.config.max_question_length, "training")
         truncated = sum(train_features["answer_truncated"])
         if truncated:
             logger.warning("%d of %d training answers were lost to truncation at %d tokens.", truncated, len(train_features), data_args.max_seq_length)

@@ -51,7 +51,7 @@ def _cmd_train(argv: list[str], evaluate_only: bool) -> int:
     if "--output_dir" not in argv:
         argv += ["--output_dir", "outputs/run_qa"]
     try:
-        run_qa(argv)
+        run_qa(argv, prog=f"clusterformer {'evaluate' if evaluate_only else 'train'}")
     except (FileNotFoundError, ValueError) as error:
         raise CommandError(str(error)) from error
     return 0
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             if "-h" in argv[1:] or "--help" in argv[1:]:
                 from .qa_training import parse_args
 
-                parse_args(["--help"])
+                parse_args(["--help"], prog=f"clusterformer {argv[0]}")
             return _cmd_train(argv[1:], evaluate_only=argv[0] == "evaluate")
         args = parser.parse_args(argv)
         handler = {"predict": _cmd_predict, "inspect": _cmd_inspect, "convert": _cmd_convert, "push": _cmd_push}

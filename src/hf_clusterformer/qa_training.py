@@ -111,9 +111,9 @@ class CentroidArguments:
     max_capture_per_forward: int | None = field(default=None, metadata={"help": "Random states banked per forward and layer."})
 
 
-def parse_args(argv: list[str] | None = None):
+def parse_args(argv: list[str] | None = None, prog: str | None = None):
     """Parse command-line arguments into (model, data, centroid, training) argument dataclasses."""
-    parser = HfArgumentParser((ModelArguments, DataArguments, CentroidArguments, TrainingArguments))
+    parser = HfArgumentParser((ModelArguments, DataArguments, CentroidArguments, TrainingArguments), prog=prog)
     if argv is not None and len(argv) == 1 and argv[0].endswith(".json"):
         return parser.parse_json_file(json_file=os.path.abspath(argv[0]))
     return parser.parse_args_into_dataclasses(args=argv)
@@ -383,10 +383,10 @@ def run(
     return metrics
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def main(argv: list[str] | None = None, prog: str | None = None) -> dict[str, Any]:
     """Entry point of examples/run_qa.py and ``clusterformer train`` / ``evaluate``."""
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    model_args, data_args, centroid_args, training_args = parse_args(argv)
+    model_args, data_args, centroid_args, training_args = parse_args(argv, prog=prog)
     metrics = run(model_args, data_args, centroid_args, training_args)
     print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in metrics.items()}, indent=1))
     return metrics

@@ -67,7 +67,7 @@ class WindowLayout:
 
     token_index: (B, K, S) long, position in the input sequence of each slot (0 for empty slots).
     valid: (B, K, S) bool, the slot holds a real token.
-    is_context: (B, K, S) bool, the slot holds a context token (not the question prefix).
+    is_context: (B, K, S) bool, the slot holds a context token (not the question prefix); implies ``valid``.
     owner: (B, K, S) bool, the slot is the copy of a context token that the cluster layer uses (the paper's
         ``H_k[0 : q + m]``: the first ``m`` context slots of window k, and the whole last window, so that every
         context token has exactly one owner copy, in window ``j // m`` or the last one).
@@ -610,13 +610,15 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
         all_hidden = (windows_to_tokens(states, layout, layout.valid, length),) if output_hidden_states else None
         all_attentions = () if output_attentions else None
         assignments = () if output_cluster_assignments else None
-        sparse_mask = None
+        sparse_mask = chunk_mask = None
+        # the states a cluster/LSH layer sorts: every window's question copy and each context token once
+        representative = (layout.valid & (~layout.is_context | layout.owner)).view(batch, -1)
 
         for index, layer in enumerate(self.encoder.layer):
             kind = self.encoder.layer_kinds[index]
             if kind == "sliding":
                 out, weights = layer(states.view(-1, slots, hidden), window_mask)
-                states = share_context_states(out.view_as(states), layout, layout.valid & layout.is_context, length)
+                states = share_context_states(out.view_as(states), layout, layout.is_context, length)
             elif kind == "sparse":
                 # Attention across windows over the states at the same in-window slot (paper's Sparse Attention).
                 across = states.transpose(1, 2).reshape(-1, windows, hidden)  # (B*S, K, d)
@@ -624,14 +626,15 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
                     sparse_mask = bidirectional_mask(layout.valid.transpose(1, 2).reshape(-1, windows), states.dtype, implementation)
                 out, weights = layer(across, sparse_mask)
                 out = out.view(batch, slots, windows, hidden).transpose(1, 2)
-                states = share_context_states(out, layout, layout.valid & layout.is_context, length)
+                states = share_context_states(out, layout, layout.is_context, length)
             else:
-                representative = (layout.valid & (~layout.is_context | layout.owner)).view(batch, -1)
                 flat = states.reshape(batch, -1, hidden)
                 router = self.encoder.routers[str(index)]
                 ids = router(flat, representative)
                 chunks, chunk_valid, order = sort_into_chunks(flat, ids, stride, router.num_clusters)
-                out, weights = layer(chunks, bidirectional_mask(chunk_valid, chunks.dtype, implementation))
+                if chunk_mask is None:  # the same for every cluster/LSH layer: each row's representatives sort first
+                    chunk_mask = bidirectional_mask(chunk_valid, chunks.dtype, implementation)
+                out, weights = layer(chunks, chunk_mask)
                 flat_out = unsort_from_chunks(out, order, flat.shape[1]).view_as(states)
                 states = share_context_states(flat_out, layout, layout.owner, length)
                 if output_cluster_assignments:

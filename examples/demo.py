@@ -22,14 +22,14 @@ from pathlib import Path
 
 import datasets
 import torch
-from transformers import DataCollatorWithPadding, Trainer, TrainingArguments, set_seed
+from transformers import TrainingArguments, set_seed
 
 from hf_clusterformer import CentroidUpdateCallback, ClusterFormerConfig, ClusterFormerForQuestionAnswering
 from hf_clusterformer import pipeline as qa_pipeline
 from hf_clusterformer.data import build_longrange_tokenizer, generate_longrange_dataset, squad_features
 from hf_clusterformer.features import prepare_train_features
 from hf_clusterformer.hub import save_for_hub
-from hf_clusterformer.qa_training import DataArguments, predict_answers
+from hf_clusterformer.qa_training import DataArguments, make_trainer, predict_answers
 
 
 def parse_args() -> argparse.Namespace:
@@ -165,14 +165,7 @@ def train_and_evaluate(name, config, train_features, validation, tokenizer, args
         dataloader_num_workers=0,
         disable_tqdm=not show_progress,
     )
-    trainer = Trainer(
-        model=model,
-        args=training_args,
-        train_dataset=train_features,
-        data_collator=DataCollatorWithPadding(tokenizer),
-        processing_class=tokenizer,
-        callbacks=callbacks,
-    )
+    trainer = make_trainer(model, training_args, train_features, tokenizer, callbacks)
     start = time.time()
     trainer.train()
     train_seconds = time.time() - start

@@ -256,6 +256,18 @@ def load_model(model: ModelArguments, data: DataArguments, tokenizer) -> Cluster
 # -- evaluation ---------------------------------------------------------------------------------------------------
 
 
+def make_trainer(model, training_args: TrainingArguments, train_features, tokenizer, callbacks: list) -> Trainer:
+    """A `Trainer` over one-feature-per-context QA data (dynamic padding per batch)."""
+    return Trainer(
+        model=model,
+        args=training_args,
+        train_dataset=train_features,
+        data_collator=DataCollatorWithPadding(tokenizer),
+        processing_class=tokenizer,
+        callbacks=callbacks,
+    )
+
+
 def check_question_lengths(features: datasets.Dataset, tokenizer, max_question_length: int, split: str) -> None:
     """Raise a `ValueError` with counts when questions exceed the model's ``max_question_length`` (before any training)."""
     sep = tokenizer.sep_token_id
@@ -354,14 +366,7 @@ def run(
                 seed=training_args.seed,
             )
         )
-    trainer = Trainer(
-        model=model,
-        args=training_args,
-        train_dataset=train_features,
-        data_collator=DataCollatorWithPadding(tokenizer),
-        processing_class=tokenizer,
-        callbacks=all_callbacks,
-    )
+    trainer = make_trainer(model, training_args, train_features, tokenizer, all_callbacks)
     if training_args.do_train:
         result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
         metrics.update({k: v for k, v in result.metrics.items() if isinstance(v, (int, float))})
@@ -399,6 +404,7 @@ __all__ = [
     "load_model",
     "load_raw_datasets",
     "load_tokenizer",
+    "make_trainer",
     "main",
     "parse_args",
     "predict_answers",

@@ -6,10 +6,11 @@ Every context is a sequence of short sentences of three kinds:
 * place facts, ``"Melka lives in Tarsk."``;
 * filler sentences without names, ``"The market was quiet that morning."``.
 
-Facts come in chains: a link fact ``X lives with Y`` and a place fact ``Y lives in Z``. The
-two facts of every chain (the asked one and all distractors alike) are at least
-``min_gap_tokens`` tokens apart, so no 256-token window holds both. Every name occurs in
-one chain only and every place once per context.
+Facts come in chains: a link fact ``X lives with Y`` and a place fact ``Y lives in Z``. All link
+facts lie on one side of the context and all place facts on the other, at least ``min_gap_tokens``
+tokens apart, so no window holds a link fact together with any place fact (a window that sees a
+place fact cannot rule it out by a nearby link fact either). Every name occurs in one chain only and
+every place once per context.
 
 ``kind="longrange"`` asks ``"Where does X live?"``: the answer ``Z`` sits in a sentence that
 does not mention ``X``, and the sentence linking ``X`` to ``Y`` is far away, so no single
@@ -115,7 +116,7 @@ assert not set(PERSON_NAMES) & set(PLACE_NAMES)
 def _layout(
     rng: np.random.Generator, target: int, min_gap: int, fact_fraction: float, max_chains: int
 ) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int]]]:
-    """Choose sentence kinds and pair fact slots into chains at least ``min_gap`` apart.
+    """Choose sentence kinds and pair fact slots into chains, link and place facts ``min_gap`` apart.
 
     Returns the filler index of every sentence (-1 for facts), sentence start positions in
     approximate tokens, and the chains as (link sentence, place sentence) index pairs.
@@ -135,25 +136,24 @@ def _layout(
     is_fact, filler, lengths = is_fact[:used], filler[:used], lengths[:used]
     starts = ends[:used] - lengths
 
+    # Link facts go on one side of a random cut and place facts on the other, with at least
+    # ``min_gap`` tokens between the two groups: no window then sees a link fact together with any
+    # place fact, so a window cannot rule a place out because the asked name's link fact is near.
     slots = np.flatnonzero(is_fact)
     s = starts[slots]
-    free = np.ones(len(slots), dtype=bool)
     pairs: list[tuple[int, int]] = []
-    for i in rng.permutation(len(slots)):
-        if not free[i] or len(pairs) >= max_chains:
-            continue
-        free[i] = False
-        before = np.searchsorted(s, s[i] - min_gap - _FACT_LEN, side="right")
-        after = np.searchsorted(s, s[i] + _FACT_LEN + min_gap, side="left")
-        candidates = np.concatenate(
-            [np.flatnonzero(free[:before]), after + np.flatnonzero(free[after:])]
-        )
-        if candidates.size == 0:
-            continue
-        j = int(candidates[rng.integers(candidates.size)])
-        free[j] = False
-        a, b = (int(slots[i]), int(slots[j]))
-        pairs.append((a, b) if rng.random() < 0.5 else (b, a))
+    if len(slots) >= 2:
+        lo, hi = int(s[0]) + _FACT_LEN, max(int(s[-1]) - min_gap, int(s[0]) + _FACT_LEN)
+        quarter = (hi - lo) // 4  # cut in the middle half, so both sides hold facts
+        cut = int(rng.integers(lo + quarter, hi - quarter + 1))
+        before = slots[s + _FACT_LEN <= cut]
+        after = slots[s >= cut + min_gap]
+        count = min(len(before), len(after), max_chains)
+        if count:
+            first = rng.choice(before, size=count, replace=False)
+            second = rng.choice(after, size=count, replace=False)
+            links_first = rng.random() < 0.5
+            pairs = [(int(a), int(b)) if links_first else (int(b), int(a)) for a, b in zip(first, second)]
 
     # Fact slots left without a partner become five-token fillers: positions do not move.
     paired = {k for pair in pairs for k in pair}
@@ -239,8 +239,8 @@ def generate_longrange_dataset(
         context_tokens: inclusive range of context lengths in approximate tokens.
         kind: ``"longrange"`` (two-hop, facts far apart), ``"local"`` (one sentence) or ``"mention"``
             (find the asked name's place fact; a curriculum for training from scratch).
-        min_gap_tokens: least number of approximate tokens strictly between the two facts of
-            every chain; the default 300 exceeds a 256-token window.
+        min_gap_tokens: least number of approximate tokens strictly between any link fact and
+            any place fact; the default 300 exceeds a 256-token window.
         fact_fraction: share of sentences drawn as facts (the rest are fillers).
         max_chains: cap on chains per context (default: as many as the name pools allow).
         split: name mixed into the seed so that splits never share records.

@@ -3,9 +3,12 @@
 
 1. Generate the long-range QA data (two-hop, facts more than a window apart) and its local control split.
 2. Build a byte-level BPE tokenizer on the generated text.
-3. Train a small Cluster-Former (with `CentroidUpdateCallback`) and the same model with its cluster layers
-   replaced by sliding-window layers, on the same data, budget and seeds.
-4. Evaluate both on both splits, print the EM/F1 table, save models, tokenizer, centroids, model card and
+3. Train a small sliding-window reader (a windowed RoBERTa, no cluster layers) on short contexts, where
+   every question kind fits a window or two: the stand-in for the pretrained RoBERTa checkpoint that
+   Cluster-Former starts from, which cannot be downloaded here.
+4. Start a Cluster-Former (its cluster layers fitted by `CentroidUpdateCallback`) and a sliding-window
+   baseline from that checkpoint and train both on long contexts, on the same data, budget and seeds.
+5. Evaluate both on both splits, print the EM/F1 table, save models, tokenizer, centroids, model card and
    results under ``--output_dir``, and answer one question over a long context with the pipeline.
 
 ``python examples/demo.py --output_dir outputs`` (what ``make demo`` runs); ``--quick`` is a smoke run.

@@ -3,11 +3,11 @@
 
 1. Generate the long-range QA data (two-hop, facts more than a window apart) and its local control split.
 2. Build a byte-level BPE tokenizer on the generated text.
-3. Train a small sliding-window reader (a windowed RoBERTa, no cluster layers) on short contexts, where
-   every question kind fits a window or two: the stand-in for the pretrained RoBERTa checkpoint that
-   Cluster-Former starts from, which cannot be downloaded here.
-4. Start a Cluster-Former (its cluster layers fitted by `CentroidUpdateCallback`) and a sliding-window
-   baseline from that checkpoint and train both on long contexts, on the same data, budget and seeds.
+3. Train a small Cluster-Former (its cluster layers fitted by `CentroidUpdateCallback`) and the same model
+   with its cluster layers as sliding-window layers, side by side, with the same data, budget and seeds, in
+   two stages: a warm-up on short contexts (a window or two, where name matching and the one-sentence hop
+   are learnable from scratch; the stand-in for the pretrained RoBERTa a real run starts from), then the
+   long contexts.
 5. Evaluate both on both splits, print the EM/F1 table, save models, tokenizer, centroids, model card and
    results under ``--output_dir``, and answer one question over a long context with the pipeline.
 
@@ -42,7 +42,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--train_samples", type=int, default=3000, help="per question kind (long-range, local, mention)")
     parser.add_argument("--eval_samples", type=int, default=200, help="per split")
     parser.add_argument("--context_tokens", type=int, nargs=2, default=(150, 250), help="min max (approximate tokens)")
-    parser.add_argument("--min_gap_tokens", type=int, default=60, help="least distance between the facts of a chain")
+    parser.add_argument("--min_gap_tokens", type=int, default=60, help="least distance between link and place facts")
     parser.add_argument("--max_chains", type=int, default=3, help="chains (candidate answers) per context")
     parser.add_argument("--hidden_size", type=int, default=64)
     parser.add_argument("--num_hidden_layers", type=int, default=4)
@@ -52,10 +52,15 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--window_stride", type=int, default=40)
     parser.add_argument("--initializer_range", type=float, default=0.1)
     parser.add_argument("--learning_rate", type=float, default=1e-3)
-    parser.add_argument("--epochs", type=float, default=2.0)
     parser.add_argument("--batch_size", type=int, default=16)
-    parser.add_argument("--max_steps", type=int, default=1800, help="optimizer steps (overrides --epochs when > 0)")
+    parser.add_argument("--max_steps", type=int, default=1200, help="long-context optimizer steps of each model")
     parser.add_argument("--centroid_update_steps", type=int, default=50)
+    warmup = parser.add_argument_group("warm-up (stage 1: short contexts of a window or two)")
+    warmup.add_argument("--warmup_steps", type=int, default=3000, help="0 skips the warm-up")
+    warmup.add_argument("--warmup_context_tokens", type=int, nargs=2, default=(45, 70))
+    warmup.add_argument("--warmup_min_gap_tokens", type=int, default=5)
+    warmup.add_argument("--warmup_fact_fraction", type=float, default=0.6)
+    warmup.add_argument("--warmup_learning_rate", type=float, default=2e-3)
     parser.add_argument("--quick", action="store_true", help="a smoke run of about a minute")
     return parser.parse_args()
 
@@ -85,79 +90,41 @@ def make_config(args: argparse.Namespace, tokenizer, cluster_layers: list[int]) 
     )
 
 
-def generate(args: argparse.Namespace) -> tuple[datasets.Dataset, dict[str, datasets.Dataset]]:
-    options = dict(context_tokens=tuple(args.context_tokens), min_gap_tokens=args.min_gap_tokens, max_chains=args.max_chains)
-    train, validation = [], {}
-    for kind in ("longrange", "local", "mention"):  # mention questions teach name matching first
-        train += generate_longrange_dataset(args.train_samples, args.seed, kind=kind, split="train", **options)
-    for kind in ("longrange", "local"):
-        records = generate_longrange_dataset(args.eval_samples, args.seed, kind=kind, split="validation", **options)
-        validation[kind] = datasets.Dataset.from_list(records, features=squad_features())
-    mixed = datasets.Dataset.from_list(train, features=squad_features()).shuffle(seed=args.seed)
-    return mixed, validation
+def generate(args: argparse.Namespace, kinds, samples: int, split: str, warmup: bool = False) -> datasets.Dataset:
+    """Questions of ``kinds`` over the long contexts, or over the warm-up's short ones; deterministic by seed."""
+    if warmup:
+        options = dict(context_tokens=tuple(args.warmup_context_tokens), min_gap_tokens=args.warmup_min_gap_tokens,
+                       fact_fraction=args.warmup_fact_fraction, max_chains=args.max_chains)
+    else:
+        options = dict(context_tokens=tuple(args.context_tokens), min_gap_tokens=args.min_gap_tokens, max_chains=args.max_chains)
+    records = []
+    for kind in kinds:
+        records += generate_longrange_dataset(samples, args.seed, kind=kind, split=split, **options)
+    return datasets.Dataset.from_list(records, features=squad_features()).shuffle(seed=args.seed)
 
 
-def prepare(args: argparse.Namespace):
-    """Data, tokenizer and training features; deterministic, so every process builds the same."""
-    train, validation = generate(args)
-    tokenizer = build_longrange_tokenizer(seed=args.seed)
-    train_features = train.map(
+def tokenize(examples: datasets.Dataset, tokenizer) -> datasets.Dataset:
+    return examples.map(
         prepare_train_features,
         batched=True,
-        remove_columns=train.column_names,
+        remove_columns=examples.column_names,
         fn_kwargs={"tokenizer": tokenizer, "max_length": 16384},
         desc="Tokenizing",
     ).remove_columns(["answer_truncated"])
-    return train, validation, tokenizer, train_features
 
 
-def train_in_process(name: str, layers: list[int], args: argparse.Namespace, show_progress: bool) -> dict:
-    """Train and evaluate one model on one thread (the two models train side by side); save it."""
-    torch.set_num_threads(1)
-    datasets.disable_progress_bars()
-    _, validation, tokenizer, train_features = prepare(args)
-    run = train_and_evaluate(
-        name, make_config(args, tokenizer, layers), train_features, validation, tokenizer, args, Path(args.output_dir), show_progress
-    )
-    model = run["model"]
-    path = Path(args.output_dir) / name
-    if layers:
-        card = {
-            "model_id": "clusterformer-demo",
-            "training_data": "Generated two-hop long-range QA (`hf_clusterformer.data.longrange`) with its local control and mention questions.",
-            "results": [
-                {"task": "question-answering",
-                 "dataset": {"name": f"Long-range QA (generated, {split} split)", "type": "longrange" if split == "longrange" else "longrange-local", "split": "validation"},
-                 "metrics": {"exact_match": run["scores"][split]["exact_match"], "f1": run["scores"][split]["f1"]}}
-                for split in ("longrange", "local")
-            ],
-            "centroids_fitted": {i: bool(r.fitted) for i, r in model.cluster_routers().items()},
-            "centroid_fitting": f"spherical K-Means every {args.centroid_update_steps} steps on a bank of 20k states",
-        }
-        save_for_hub(model, tokenizer, path, card_data=card)
-    else:
-        model.save_pretrained(path)
-        tokenizer.save_pretrained(path)
-    return {"scores": run["scores"], "train_seconds": round(run["train_seconds"], 1), "path": str(path)}
+def validation_sets(args: argparse.Namespace) -> dict[str, datasets.Dataset]:
+    return {kind: generate(args, [kind], args.eval_samples, "validation") for kind in ("longrange", "local")}
 
 
-def train_and_evaluate(name, config, train_features, validation, tokenizer, args, output_dir: Path, show_progress=True) -> dict:
-    set_seed(args.seed)
-    model = ClusterFormerForQuestionAnswering(config)
-    callbacks = []
-    if config.cluster_layers:
-        callbacks.append(
-            CentroidUpdateCallback(update_every_steps=args.centroid_update_steps, update_every_epochs=None,
-                                   memory_size=20_000, max_capture_per_forward=2048, seed=args.seed)
-        )
-    training_args = TrainingArguments(
-        output_dir=str(output_dir / name),
+def training_arguments(args: argparse.Namespace, output_dir: Path, steps: int, learning_rate: float, show_progress: bool):
+    return TrainingArguments(
+        output_dir=str(output_dir),
         per_device_train_batch_size=args.batch_size,
         per_device_eval_batch_size=32,
-        learning_rate=args.learning_rate,
-        num_train_epochs=args.epochs,
-        max_steps=args.max_steps,
-        warmup_steps=0.1,
+        learning_rate=learning_rate,
+        max_steps=steps,
+        warmup_steps=0.05,
         lr_scheduler_type="linear",
         weight_decay=0.01,
         max_grad_norm=1.0,
@@ -168,32 +135,73 @@ def train_and_evaluate(name, config, train_features, validation, tokenizer, args
         dataloader_num_workers=0,
         disable_tqdm=not show_progress,
     )
-    trainer = make_trainer(model, training_args, train_features, tokenizer, callbacks)
+
+
+def train_in_process(name: str, layers: list[int], args: argparse.Namespace, show_progress: bool) -> dict:
+    """Train one model on one thread (the two models train side by side): warm-up, then long contexts; evaluate, save."""
+    torch.set_num_threads(1)
+    datasets.disable_progress_bars()
+    tokenizer = build_longrange_tokenizer(seed=args.seed)
+    set_seed(args.seed)
+    model = ClusterFormerForQuestionAnswering(make_config(args, tokenizer, layers))
+    output_dir = Path(args.output_dir)
+    stages = [  # (data, steps, learning rate)
+        (generate(args, ("mention", "local"), args.train_samples, "warmup", warmup=True), args.warmup_steps, args.warmup_learning_rate),
+        (generate(args, ("longrange", "local", "mention"), args.train_samples, "train"), args.max_steps, args.learning_rate),
+    ]
     start = time.time()
-    trainer.train()
+    for examples, steps, learning_rate in stages:
+        if steps <= 0:
+            continue
+        callbacks = []
+        if layers:
+            callbacks.append(
+                CentroidUpdateCallback(update_every_steps=args.centroid_update_steps, update_every_epochs=None,
+                                       memory_size=20_000, max_capture_per_forward=2048, seed=args.seed)
+            )
+        training_args = training_arguments(args, output_dir / name, steps, learning_rate, show_progress)
+        trainer = make_trainer(model, training_args, tokenize(examples, tokenizer), tokenizer, callbacks)
+        trainer.train()
     train_seconds = time.time() - start
     data_args = DataArguments(max_seq_length=16384, max_answer_length=5)
-    scores = {}
-    for split, examples in validation.items():
-        _, scores[split] = predict_answers(trainer, examples, tokenizer, data_args)
-    return {"model": trainer.model, "scores": scores, "train_seconds": train_seconds}
+    scores = {split: predict_answers(trainer, examples, tokenizer, data_args)[1] for split, examples in validation_sets(args).items()}
+    model = trainer.model
+    path = output_dir / name
+    if layers:
+        card = {
+            "model_id": "clusterformer-demo",
+            "training_data": "Generated two-hop long-range QA (`hf_clusterformer.data.longrange`) with its local control and mention "
+                             "questions, after a warm-up on short contexts.",
+            "results": [
+                {"task": "question-answering",
+                 "dataset": {"name": f"Long-range QA (generated, {split} split)", "type": "longrange" if split == "longrange" else "longrange-local", "split": "validation"},
+                 "metrics": {"exact_match": scores[split]["exact_match"], "f1": scores[split]["f1"]}}
+                for split in ("longrange", "local")
+            ],
+            "centroids_fitted": {i: bool(r.fitted) for i, r in model.cluster_routers().items()},
+            "centroid_fitting": f"spherical K-Means every {args.centroid_update_steps} steps on a bank of 20k states",
+        }
+        save_for_hub(model, tokenizer, path, card_data=card)
+    else:
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+    return {"scores": scores, "train_seconds": round(train_seconds, 1), "path": str(path)}
 
 
 def main() -> None:
     args = parse_args()
     if args.quick:
-        args.train_samples, args.eval_samples, args.epochs, args.max_steps = 200, 40, 1.0, -1
+        args.train_samples, args.eval_samples, args.max_steps, args.warmup_steps = 200, 40, 30, 30
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
 
-    print("1/4 generating data and tokenizer", flush=True)
-    train, _, tokenizer, train_features = prepare(args)
-    lengths = [len(ids) for ids in train_features["input_ids"]]
-    print(f"   {len(train)} training questions, {min(lengths)}-{max(lengths)} tokens each", flush=True)
+    print("1/4 generating the tokenizer", flush=True)
+    tokenizer = build_longrange_tokenizer(seed=args.seed)
 
     runs = {"clusterformer": args.cluster_layers, "sliding-window": []}
-    print("2/4 training Cluster-Former (progress below) and the sliding-window baseline side by side", flush=True)
+    print(f"2/4 training Cluster-Former (progress below) and the sliding-window baseline side by side: "
+          f"{args.warmup_steps} warm-up steps on short contexts, then {args.max_steps} on long ones", flush=True)
     with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = {
             name: pool.submit(train_in_process, name, layers, args, index == 0)

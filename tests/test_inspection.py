@@ -5,6 +5,7 @@ accounts for every clustered state, formats and plots, and rejects layers it can
 from __future__ import annotations
 
 import re
+from collections import Counter
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from hf_clusterformer import ClusterFormerConfig, ClusterFormerForQuestionAnswer
 from hf_clusterformer.clustering import spherical_kmeans
 from hf_clusterformer.data import build_longrange_tokenizer, generate_longrange_dataset
 from hf_clusterformer.inspection import ClusterReport, inspect_clusters
-from hf_clusterformer.modeling_clusterformer import count_windows
+from hf_clusterformer.modeling_clusterformer import count_windows, sort_into_chunks
 
 WINDOW, STRIDE, CLUSTERS = 32, 24, 8
 
@@ -127,11 +128,52 @@ def test_format(report):
         if report.sizes[cluster] > 4:
             assert match[4].endswith(f", … +{report.sizes[cluster] - 4}")
     assert lines[4] == "Cluster size histogram (size: clusters):"
-    histogram = [re.fullmatch(r" +(\d+)-(\d+): #+ (\d+)", line) for line in lines[5:]]
+    shared, pairs, chance = report.repeated_token_colocation()
+    assert pairs > 0
+    assert lines[-1] == (f"Same token at least {STRIDE} tokens apart, same chunk: {shared} of {pairs} pairs "
+                         f"({shared / pairs:.0%}; {chance:.0%} if chunks were drawn at random)")
+    histogram = [re.fullmatch(r" +(\d+)-(\d+): #+ (\d+)", line) for line in lines[5:-1]]
     assert all(histogram) and sum(int(m[3]) for m in histogram) == len(report.clusters)
     for match in histogram:
         low, high = int(match[1]), int(match[2])
         assert int(match[3]) == sum(low <= s <= high for s in report.sizes.values())
+
+
+def test_chunks_are_the_layers_own_chunks(setup, report):
+    """Each member's chunk is where the layer's stable sort puts it, so co-location counts are the layer's."""
+    with torch.no_grad():
+        out = setup["model"](**setup["encoding"], output_cluster_assignments=True)
+    ids = out.cluster_assignments[0]  # (1, K*S), -1 for states the layer does not sort in
+    flat_positions = out.window_token_index.reshape(-1)
+    states = torch.zeros(*ids.shape, 1)
+    _, _, order = sort_into_chunks(states, ids.masked_fill(ids < 0, CLUSTERS), STRIDE, CLUSTERS)
+    rank = torch.empty_like(order[0])
+    rank[order[0]] = torch.arange(order.shape[1])
+    expected = {}
+    for flat in (ids[0] >= 0).nonzero().flatten().tolist():
+        position = int(flat_positions[flat])
+        if position >= setup["prefix"]:
+            expected[position] = int(rank[flat]) // STRIDE
+    members = {m.position: m.chunk for ms in report.clusters.values() for m in ms if not m.is_question}
+    assert members == expected
+
+
+def test_repeated_token_colocation_counts_pairs(setup, report):
+    first, second = setup["first"], setup["second"]
+    members = {m.position: m for ms in report.clusters.values() for m in ms if not m.is_question}
+    assert members[first].chunk == members[second].chunk  # the far-apart mentions meet in one chunk
+    shared, pairs, chance = report.repeated_token_colocation()
+    by_token = {}
+    for m in members.values():
+        by_token.setdefault(m.token, []).append(m)
+    manual = [(a.chunk == b.chunk) for ms in by_token.values() for i, a in enumerate(ms) for b in ms[i + 1:]
+              if abs(a.position - b.position) >= STRIDE]
+    assert (shared, pairs) == (sum(manual), len(manual)) and shared >= 1
+    chunk_counts = Counter(m.chunk for ms in report.clusters.values() for m in ms)
+    total = sum(chunk_counts.values())
+    assert chance == pytest.approx(sum((n / total) ** 2 for n in chunk_counts.values()))
+    assert 0 < chance < 1
+    assert report.repeated_token_colocation(min_distance=10**9) == (0, 0, chance)
 
 
 def test_plot_writes_a_png(report, tmp_path):

@@ -13,12 +13,14 @@ from .modeling_clusterformer import ClusterFormerPreTrainedModel
 
 @dataclass
 class ClusterMember:
-    """One clustered state: its token text, its position in the input and whether it is a question copy."""
+    """One clustered state: its token text, its position in the input, its window, whether it is a question
+    copy, and the chunk (of the sorted states) the layer processes it in."""
 
     token: str
     position: int
     window: int
     is_question: bool
+    chunk: int = 0
 
 
 @dataclass
@@ -43,8 +45,35 @@ class ClusterReport:
         positions = [m.position for m in self.clusters[cluster] if not m.is_question]
         return max(positions) - min(positions) if len(positions) > 1 else 0
 
+    def repeated_token_colocation(self, min_distance: int | None = None) -> tuple[int, int, float]:
+        """How often far-apart occurrences of the same token meet: the mechanism the layer relies on.
+
+        Counts the pairs of context states with the same token text at least ``min_distance`` tokens apart
+        (default: the chunk size) and how many of them share a chunk. Returns ``(shared, pairs, chance)``,
+        ``chance`` being the share expected if states fell into chunks at random (sum of squared chunk shares).
+        """
+        min_distance = self.chunk_size if min_distance is None else min_distance
+        by_token: dict[str, list[ClusterMember]] = {}
+        chunk_sizes: Counter[int] = Counter()
+        for members in self.clusters.values():
+            for member in members:
+                chunk_sizes[member.chunk] += 1
+                if not member.is_question:
+                    by_token.setdefault(member.token, []).append(member)
+        shared = pairs = 0
+        for occurrences in by_token.values():
+            for i, first in enumerate(occurrences):
+                for second in occurrences[i + 1 :]:
+                    if abs(first.position - second.position) >= min_distance:
+                        pairs += 1
+                        shared += first.chunk == second.chunk
+        total = sum(chunk_sizes.values())
+        chance = sum((n / total) ** 2 for n in chunk_sizes.values()) if total else 0.0
+        return shared, pairs, chance
+
     def format(self, max_clusters: int = 20, max_members: int = 12) -> str:
-        """Text listing: the clusters with the widest spread first, then a size histogram."""
+        """Text listing: the clusters with the widest spread first, a size histogram, and how often
+        repeated tokens meet in a chunk."""
         lines = [f"Cluster layer {self.layer}: {len(self.clusters)} non-empty clusters, chunks of {self.chunk_size} states"]
         ranked = sorted(self.clusters, key=self.max_span, reverse=True)
         for cluster in ranked[:max_clusters]:
@@ -56,6 +85,12 @@ class ClusterReport:
         histogram = Counter(_bucket(size) for size in self.sizes.values())
         for bucket in sorted(histogram, key=lambda b: int(b.split("-")[0])):
             lines.append(f"  {bucket:>11}: {'#' * histogram[bucket]} {histogram[bucket]}")
+        shared, pairs, chance = self.repeated_token_colocation()
+        if pairs:
+            lines.append(
+                f"Same token at least {self.chunk_size} tokens apart, same chunk: {shared} of {pairs} pairs "
+                f"({shared / pairs:.0%}; {chance:.0%} if chunks were drawn at random)"
+            )
         return "\n".join(lines)
 
     def plot(self, path: str | Path) -> Path:
@@ -134,14 +169,15 @@ def inspect_clusters(
     prefix = separator + 2
     report = ClusterReport(layer=layer, chunk_size=config.window_stride)
     order = torch.sort(ids.masked_fill(ids < 0, torch.iinfo(ids.dtype).max), stable=True).indices
-    for flat in order.tolist():
+    for rank, flat in enumerate(order.tolist()):  # clustered states sort first, so rank // m is their chunk
         cluster = int(ids[flat])
         if cluster < 0:
             continue
         position = int(token_index.view(-1)[flat])
         text = tokenizer.convert_tokens_to_string([tokens[position]]).strip() or tokens[position]
         report.clusters.setdefault(cluster, []).append(
-            ClusterMember(token=text, position=position, window=flat // slots, is_question=position < prefix)
+            ClusterMember(token=text, position=position, window=flat // slots, is_question=position < prefix,
+                          chunk=rank // config.window_stride)
         )
     return report
 

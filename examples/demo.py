@@ -32,6 +32,7 @@ from hf_clusterformer import pipeline as qa_pipeline
 from hf_clusterformer.data import build_longrange_tokenizer, generate_longrange_dataset, squad_features
 from hf_clusterformer.features import prepare_train_features
 from hf_clusterformer.hub import save_for_hub
+from hf_clusterformer.inspection import inspect_clusters
 from hf_clusterformer.qa_training import DataArguments, make_trainer, predict_answers
 
 
@@ -167,6 +168,7 @@ def train_in_process(name: str, layers: list[int], args: argparse.Namespace, sho
     scores = {split: predict_answers(trainer, examples, tokenizer, data_args)[1] for split, examples in validation_sets(args).items()}
     model = trainer.model
     path = output_dir / name
+    colocation = repeated_token_colocation(model, tokenizer, validation_sets(args)["longrange"]) if layers else None
     if layers:
         card = {
             "model_id": "clusterformer-demo",
@@ -185,7 +187,19 @@ def train_in_process(name: str, layers: list[int], args: argparse.Namespace, sho
     else:
         model.save_pretrained(path)
         tokenizer.save_pretrained(path)
-    return {"scores": scores, "train_seconds": round(train_seconds, 1), "path": str(path)}
+    return {"scores": scores, "train_seconds": round(train_seconds, 1), "path": str(path), "colocation": colocation}
+
+
+def repeated_token_colocation(model, tokenizer, examples: datasets.Dataset, count: int = 50) -> dict[str, float]:
+    """Over ``count`` validation contexts: how often two occurrences of one token, a chunk or more apart, share a
+    chunk in the first cluster layer (what the layer needs to carry a fact across windows), against chance."""
+    shared = pairs = chance = 0.0
+    rows = examples.select(range(min(count, len(examples))))
+    for row in rows:
+        report = inspect_clusters(model, tokenizer, row["question"], row["context"])
+        s, p, c = report.repeated_token_colocation()
+        shared, pairs, chance = shared + s, pairs + p, chance + c
+    return {"shared_chunk": round(shared / max(pairs, 1), 4), "chance": round(chance / max(len(rows), 1), 4), "pairs": int(pairs)}
 
 
 def main() -> None:
@@ -218,6 +232,9 @@ def main() -> None:
             f"{s['local']['exact_match']:.1f} | {s['local']['f1']:.1f} | {result['train_seconds']:.0f} |"
         )
     print("\n" + "\n".join(table) + "\n", flush=True)
+    colocation = results["clusterformer"]["colocation"]
+    print(f"Cluster layer {args.cluster_layers[0]}: occurrences of one token a chunk or more apart share a chunk "
+          f"{colocation['shared_chunk']:.1%} of the time ({colocation['pairs']} pairs; {colocation['chance']:.1%} by chance)", flush=True)
 
     print("4/4 answering one question over a long context", flush=True)
     (output_dir / "results.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=1))

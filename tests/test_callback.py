@@ -100,6 +100,35 @@ def test_trainer_warm_up_step_and_epoch_schedule_and_logs(tmp_path):
     assert len(callback.updater.banks[2]) == 0 and not callback.updater._handles  # released after training
 
 
+class LogRecorder(TrainerCallback):
+    """Keeps the logs it is sent, as a reporting integration (TensorBoard, W&B) would."""
+
+    def __init__(self):
+        self.logs: list[dict] = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.logs.append(dict(logs or {}))
+
+
+def test_statistics_reach_reporters_placed_before_the_callback(tmp_path):
+    # The Trainer puts integrations ahead of user callbacks; a recorder placed first stands in for them.
+    for move in (False, True):
+        callback, recorder = CentroidUpdateCallback(update_every_epochs=1, min_states=1), LogRecorder()
+        torch.manual_seed(0)
+        model = ClusterFormerForQuestionAnswering(tiny_config(cluster_layers=[2]))
+        args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, num_train_epochs=1, logging_steps=1000,
+                                 save_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True)
+        trainer = Trainer(model=model, args=args, train_dataset=TinyQA(16), callbacks=[recorder, callback])
+        if move:
+            assert callback.report_to_integrations(trainer) is callback
+            assert trainer.callback_handler.callbacks[0] is callback
+            assert trainer.callback_handler.callbacks.count(callback) == 1
+        trainer.train()
+        seen = [log for log in recorder.logs if "clusters/layer2/size_min" in log]
+        assert len(seen) == (len(callback.history) if move else 0)
+        assert len(callback.history) >= 1
+
+
 def test_default_schedule_fits_each_epoch_once_banked(tmp_path):
     callback = CentroidUpdateCallback(min_states=300)
     trainer = make_trainer(tmp_path, callback, num_train_epochs=3)
@@ -184,3 +213,14 @@ def test_model_without_cluster_layers_trains_untouched(tmp_path, caplog):
         trainer.train()
     assert "no K-Means cluster layers" in caplog.text
     assert callback.updater is None and callback.history == []
+
+
+def test_qa_trainer_puts_the_callback_ahead_of_reporters(tmp_path):
+    from hf_clusterformer.qa_training import make_trainer as make_qa_trainer
+    from hf_clusterformer.data import build_longrange_tokenizer
+
+    callback, recorder = CentroidUpdateCallback(), LogRecorder()
+    model = ClusterFormerForQuestionAnswering(tiny_config(cluster_layers=[2]))
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
+    trainer = make_qa_trainer(model, args, TinyQA(4), build_longrange_tokenizer(), [recorder, callback])
+    assert trainer.callback_handler.callbacks[0] is callback and recorder in trainer.callback_handler.callbacks

@@ -42,7 +42,9 @@ class CentroidUpdateCallback(TrainerCallback, ExportableState):
 
     Statistics of each fit (cluster sizes min/max, size entropy, mean cosine to the centroid; keys
     ``clusters/layer{i}/...``) trigger a log at that step: they are added to that log's entry in
-    ``trainer.state.log_history`` and to the ``logs`` that callbacks after this one receive.
+    ``trainer.state.log_history`` and to the ``logs`` that callbacks after this one receive. The Trainer puts
+    the reporting integrations (TensorBoard, W&B, ...) ahead of callbacks passed to it, so call
+    ``callback.report_to_integrations(trainer)`` to send the statistics there too.
 
     Under torchrun / accelerate (DDP, FSDP, DeepSpeed) every rank banks its own states and takes part in every fit
     (distributed Lloyd with the torch backend); all ranks end with bit-identical centroids, whether or not DDP
@@ -131,6 +133,15 @@ class CentroidUpdateCallback(TrainerCallback, ExportableState):
         for name in ("last_update_step", "last_update_epoch", "num_updates"):
             if name in attributes:
                 setattr(self, name, attributes[name])
+
+    def report_to_integrations(self, trainer) -> CentroidUpdateCallback:
+        """Move this callback (adding it if needed) ahead of the trainer's other callbacks, so that the reporting
+        integrations (TensorBoard, W&B, ...) receive the cluster statistics this callback adds to a log."""
+        callbacks = trainer.callback_handler.callbacks
+        if self in callbacks:
+            callbacks.remove(self)
+        callbacks.insert(0, self)
+        return self
 
     # -- Trainer events ------------------------------------------------------------------------------------------
 

@@ -257,8 +257,9 @@ def load_model(model: ModelArguments, data: DataArguments, tokenizer) -> Cluster
 
 
 def make_trainer(model, training_args: TrainingArguments, train_features, tokenizer, callbacks: list) -> Trainer:
-    """A `Trainer` over one-feature-per-context QA data (dynamic padding per batch)."""
-    return Trainer(
+    """A `Trainer` over one-feature-per-context QA data (dynamic padding per batch); cluster statistics of
+    centroid updates reach the reporting integrations (``report_to``)."""
+    trainer = Trainer(
         model=model,
         args=training_args,
         train_dataset=train_features,
@@ -266,6 +267,10 @@ def make_trainer(model, training_args: TrainingArguments, train_features, tokeni
         processing_class=tokenizer,
         callbacks=callbacks,
     )
+    for callback in callbacks:
+        if isinstance(callback, CentroidUpdateCallback):
+            callback.report_to_integrations(trainer)
+    return trainer
 
 
 def check_question_lengths(features: datasets.Dataset, tokenizer, max_question_length: int, split: str) -> None:

@@ -230,8 +230,23 @@ def test_answers_not_in_context_are_counted(tmp_path):
     path = _write_jsonl(tmp_path / "bad.jsonl", records)
     model, data, centroids, training = _tiny_args(tmp_path / "out", train_file=str(path))
     training.do_eval = False
-    with pytest.raises(ValueError, match=r"2 of 6 examples have an answer text not found at its .*\[1, 4\]"):
+    with pytest.raises(ValueError, match=r"2 of 6 train examples have an answer text not found at its answer_start \(rows \[1, 4\]\)"):
         qa_training.run(model, data, centroids, training)
+
+
+def test_answer_offset_errors_count_the_whole_dataset(tmp_path):
+    """Counts and row numbers cover every row, not one tokenisation batch of 1,000."""
+    rows = [{"id": str(i), "title": "t", "question": "Where?", "context": f"Row {i} is in Paris.",
+             "answers": {"text": ["Paris"], "answer_start": [len(f"Row {i} is in ")]}} for i in range(2500)]
+    for row in (5, 2100):
+        rows[row]["answers"]["answer_start"] = [0]
+    path = _write_jsonl(tmp_path / "many.jsonl", rows)
+    with pytest.raises(ValueError, match=r"2 of 2500 validation examples .* \(rows \[5, 2100\]\); answer_start is the character offset"):
+        qa_training.load_raw_datasets(qa_training.DataArguments(validation_file=str(path), eval_samples=0))
+    rows[5]["answers"]["answer_start"] = [len("Row 5 is in ")]
+    rows[2100]["answers"]["answer_start"] = [len("Row 2100 is in ")]
+    path = _write_jsonl(tmp_path / "fixed.jsonl", rows)
+    assert len(qa_training.load_raw_datasets(qa_training.DataArguments(validation_file=str(path), eval_samples=0))["validation"]) == 2500
 
 
 def test_missing_and_unsupported_files(tmp_path):

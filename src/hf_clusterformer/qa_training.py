@@ -173,6 +173,25 @@ def _check_columns(splits: dict[str, datasets.Dataset]) -> None:
             )
 
 
+def _check_answer_offsets(splits: dict[str, datasets.Dataset]) -> None:
+    """Raise `ValueError` with dataset-wide counts and row numbers when answer texts are not at their offsets."""
+    for name, split in splits.items():
+        if "answers" not in split.column_names:
+            continue
+        bad = [
+            row
+            for row, (context, answer) in enumerate(zip(split["context"], split["answers"]))
+            if isinstance(answer, dict)
+            and any(context[start : start + len(text)] != text for text, start in zip(answer.get("text", []), answer.get("answer_start", [])))
+        ]
+        if bad:
+            raise ValueError(
+                f"{len(bad)} of {len(split)} {name} examples have an answer text not found at its answer_start "
+                f"(rows {bad[:10]}{' ...' if len(bad) > 10 else ''}); answer_start is the character offset of the "
+                "text in the context: fix those offsets or remove those rows."
+            )
+
+
 def load_raw_datasets(data: DataArguments, do_train: bool = True) -> datasets.DatasetDict:
     """The train/validation splits as SQuAD-format records."""
     splits: dict[str, datasets.Dataset] = {}
@@ -209,6 +228,7 @@ def load_raw_datasets(data: DataArguments, do_train: bool = True) -> datasets.Da
         splits["train"] = splits["train"].select(range(min(data.train_samples, len(splits["train"]))))
     if "validation" in splits and data.eval_samples:
         splits["validation"] = splits["validation"].select(range(min(data.eval_samples, len(splits["validation"]))))
+    _check_answer_offsets(splits)
     return datasets.DatasetDict(splits)
 
 

@@ -4,7 +4,7 @@ import logging
 
 import pytest
 import torch
-from helpers import PAD, SEP, pad_batch, pair_encoding, random_example, tiny_config
+from helpers import pad_batch, pair_encoding, random_example, tiny_config
 from transformers import (
     AutoConfig,
     AutoModel,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file

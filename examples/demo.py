@@ -8,8 +8,9 @@
    two stages: a warm-up on short contexts (a window or two, where name matching and the one-sentence hop
    are learnable from scratch; the stand-in for the pretrained RoBERTa a real run starts from), then the
    long contexts.
-5. Evaluate both on both splits, print the EM/F1 table, save models, tokenizer, centroids, model card and
-   results under ``--output_dir``, and answer one question over a long context with the pipeline.
+4. Evaluate both on both splits, print the EM/F1 table and how often far-apart repeats of a token share a
+   chunk of the cluster layer, save models, tokenizer, centroids, model card and results under
+   ``--output_dir``, and answer one question over a long context with the pipeline.
 
 ``python examples/demo.py --output_dir outputs`` (what ``make demo`` runs); ``--quick`` is a smoke run.
 """

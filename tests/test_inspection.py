@@ -202,3 +202,15 @@ def test_bad_layers_and_inputs(setup, tokenizer, example):
         plain = ClusterFormerForQuestionAnswering(_config(tokenizer, **overrides))
         with pytest.raises(ValueError, match="no cluster or LSH layers"):
             inspect_clusters(plain, tokenizer, example["question"], example["context"])
+
+
+def test_pairs_apart_matches_counting_every_pair():
+    from itertools import combinations
+
+    from hf_clusterformer.inspection import _pairs_apart
+
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(100):
+        positions = torch.randperm(200, generator=generator)[: int(torch.randint(0, 15, (1,), generator=generator))].tolist()
+        distance = int(torch.randint(1, 40, (1,), generator=generator))
+        assert _pairs_apart(positions, distance) == sum(abs(a - b) >= distance for a, b in combinations(positions, 2))

@@ -6,6 +6,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from .modeling_clusterformer import ClusterFormerPreTrainedModel
@@ -52,21 +53,18 @@ class ClusterReport:
         (default: the chunk size) and how many of them share a chunk. Returns ``(shared, pairs, chance)``,
         ``chance`` being the share expected if states fell into chunks at random (sum of squared chunk shares).
         """
-        min_distance = self.chunk_size if min_distance is None else min_distance
+        min_distance = max(1, self.chunk_size if min_distance is None else min_distance)
         by_token: dict[str, list[ClusterMember]] = {}
+        by_token_chunk: dict[tuple[str, int], list[int]] = {}
         chunk_sizes: Counter[int] = Counter()
         for members in self.clusters.values():
             for member in members:
                 chunk_sizes[member.chunk] += 1
                 if not member.is_question:
-                    by_token.setdefault(member.token, []).append(member)
-        shared = pairs = 0
-        for occurrences in by_token.values():
-            for i, first in enumerate(occurrences):
-                for second in occurrences[i + 1 :]:
-                    if abs(first.position - second.position) >= min_distance:
-                        pairs += 1
-                        shared += first.chunk == second.chunk
+                    by_token.setdefault(member.token, []).append(member.position)
+                    by_token_chunk.setdefault((member.token, member.chunk), []).append(member.position)
+        pairs = sum(_pairs_apart(positions, min_distance) for positions in by_token.values())
+        shared = sum(_pairs_apart(positions, min_distance) for positions in by_token_chunk.values())
         total = sum(chunk_sizes.values())
         chance = sum((n / total) ** 2 for n in chunk_sizes.values()) if total else 0.0
         return shared, pairs, chance
@@ -115,6 +113,12 @@ class ClusterReport:
         figure.savefig(path, dpi=120, bbox_inches="tight")
         plt.close(figure)
         return path
+
+
+def _pairs_apart(positions: list[int], min_distance: int) -> int:
+    """Number of pairs of distinct ``positions`` at least ``min_distance`` (>= 1) apart, in O(n log n)."""
+    ordered = np.sort(np.asarray(positions))
+    return int((len(ordered) - np.searchsorted(ordered, ordered + min_distance, side="left")).sum())
 
 
 def _bucket(size: int) -> str:

@@ -166,10 +166,11 @@ def train_in_process(name: str, layers: list[int], args: argparse.Namespace, sho
         trainer.train()
     train_seconds = time.time() - start
     data_args = DataArguments(max_seq_length=16384, max_answer_length=5)
-    scores = {split: predict_answers(trainer, examples, tokenizer, data_args)[1] for split, examples in validation_sets(args).items()}
+    validation = validation_sets(args)
+    scores = {split: predict_answers(trainer, examples, tokenizer, data_args)[1] for split, examples in validation.items()}
     model = trainer.model
     path = output_dir / name
-    colocation = repeated_token_colocation(model, tokenizer, validation_sets(args)["longrange"]) if layers else None
+    colocation = repeated_token_colocation(model, tokenizer, validation["longrange"]) if layers else None
     if layers:
         card = {
             "model_id": "clusterformer-demo",

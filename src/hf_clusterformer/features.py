@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 __all__ = [
+    "misplaced_answers",
     "postprocess_predictions",
     "prepare_train_features",
     "prepare_validation_features",
@@ -61,6 +62,28 @@ def _context_span(sequence_ids: Sequence[int | None]) -> tuple[int, int]:
     return (indices[0], indices[-1]) if indices else (-1, -2)
 
 
+def misplaced_answers(contexts: Sequence[str], answers: Sequence[Any], answer_column: str = "answers") -> list[int]:
+    """Indices of the examples whose answer texts are not at their ``answer_start`` offsets.
+
+    Raises:
+        ValueError: an answer is not a dict with equally long ``text`` and ``answer_start`` lists.
+    """
+    mismatched: list[int] = []
+    for i, (context, answer) in enumerate(zip(contexts, answers)):
+        if not isinstance(answer, Mapping) or not {"text", "answer_start"} <= answer.keys():
+            raise ValueError(
+                f"{answer_column!r} of example {i} must be a dict with 'text' and 'answer_start', "
+                f"got {answer!r}"
+            )
+        if len(answer["text"]) != len(answer["answer_start"]):
+            raise ValueError(f"example {i}: 'text' and 'answer_start' differ in length")
+        if any(
+            context[s : s + len(t)] != t for t, s in zip(answer["text"], answer["answer_start"])
+        ):
+            mismatched.append(i)
+    return mismatched
+
+
 def prepare_train_features(
     examples: Mapping[str, Any],
     tokenizer: PreTrainedTokenizerBase,
@@ -91,19 +114,7 @@ def prepare_train_features(
     questions, contexts, answers = _columns(
         examples, [question_column, context_column, answer_column]
     )
-    mismatched: list[int] = []
-    for i, (context, answer) in enumerate(zip(contexts, answers)):
-        if not isinstance(answer, Mapping) or not {"text", "answer_start"} <= answer.keys():
-            raise ValueError(
-                f"{answer_column!r} of example {i} must be a dict with 'text' and 'answer_start', "
-                f"got {answer!r}"
-            )
-        if len(answer["text"]) != len(answer["answer_start"]):
-            raise ValueError(f"example {i}: 'text' and 'answer_start' differ in length")
-        if any(
-            context[s : s + len(t)] != t for t, s in zip(answer["text"], answer["answer_start"])
-        ):
-            mismatched.append(i)
+    mismatched = misplaced_answers(contexts, answers, answer_column)
     if mismatched:
         raise ValueError(
             f"{len(mismatched)} of {len(contexts)} examples have an answer text not found at its "

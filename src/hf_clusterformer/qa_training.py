@@ -30,7 +30,7 @@ from .callback import CentroidUpdateCallback
 from .configuration_clusterformer import ClusterFormerConfig
 from .data import build_longrange_tokenizer, build_tokenizer, load_longrange_dataset, load_multipassage_dataset
 from .data.longrange import squad_features
-from .features import postprocess_predictions, prepare_train_features, prepare_validation_features
+from .features import misplaced_answers, postprocess_predictions, prepare_train_features, prepare_validation_features
 from .metrics import load_squad_metric
 from .modeling_clusterformer import ClusterFormerForQuestionAnswering
 
@@ -178,12 +178,7 @@ def _check_answer_offsets(splits: dict[str, datasets.Dataset]) -> None:
     for name, split in splits.items():
         if "answers" not in split.column_names:
             continue
-        bad = [
-            row
-            for row, (context, answer) in enumerate(zip(split["context"], split["answers"]))
-            if isinstance(answer, dict)
-            and any(context[start : start + len(text)] != text for text, start in zip(answer.get("text", []), answer.get("answer_start", [])))
-        ]
+        bad = misplaced_answers(split["context"], split["answers"])
         if bad:
             raise ValueError(
                 f"{len(bad)} of {len(split)} {name} examples have an answer text not found at its answer_start "

@@ -19,7 +19,7 @@ from helpers import tiny_config
 from hub_fixtures import TEST_TOKEN, run_with_endpoint
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
-from transformers import AutoConfig, BertConfig, BertModel, RobertaConfig, RobertaForQuestionAnswering, RobertaModel
+from transformers import AutoConfig, GPT2Config, RobertaConfig, RobertaForQuestionAnswering, RobertaModel
 
 import hf_clusterformer
 from hf_clusterformer import ClusterFormerForQuestionAnswering
@@ -304,8 +304,7 @@ def test_convert_sets_the_cluster_options_and_reports_new_heads(tmp_path, tokeni
 
     with pytest.raises(ValueError, match="position embeddings"):
         convert_roberta_checkpoint(source, tmp_path / "too-wide", window_size=64, window_stride=48, max_question_length=16)
-    bert = tmp_path / "bert"
-    bert_config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
-    BertModel(bert_config).save_pretrained(bert)
-    with pytest.raises(ValueError, match="only RoBERTa"):
-        convert_roberta_checkpoint(bert, tmp_path / "from-bert")
+    gpt2 = tmp_path / "gpt2"
+    GPT2Config(vocab_size=50, n_embd=16, n_layer=1, n_head=2).save_pretrained(gpt2)
+    with pytest.raises(ValueError, match="'gpt2' checkpoint; convertible types are roberta, bert, clusterformer"):
+        convert_roberta_checkpoint(gpt2, tmp_path / "from-gpt2")

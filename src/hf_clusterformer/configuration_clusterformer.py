@@ -53,6 +53,8 @@ class ClusterFormerConfig(RobertaConfig):
     centroid_seed (`int`, defaults to 0): seed of the random initial centroids / hash vectors.
     use_answerability_head (`bool`, defaults to `False`): add a has-answer classifier on the pooled
         window ``<s>`` states (paper §4.2) to [`ClusterFormerForQuestionAnswering`].
+    pair_token_types (`bool`, defaults to `False`): without ``token_type_ids``, give the context token type 1
+        and the question prefix type 0, as BERT's pair template does (set for BERT-family checkpoints).
     """
 
     model_type = "clusterformer"
@@ -66,6 +68,7 @@ class ClusterFormerConfig(RobertaConfig):
     max_context_length: int = 131072
     centroid_seed: int = 0
     use_answerability_head: bool = False
+    pair_token_types: bool = False
 
     def __post_init__(self, **kwargs):
         if self.cluster_layers is None:

@@ -10,7 +10,7 @@ only torch, transformers, huggingface_hub and each other) and ``config.json`` ma
 ``question-answering`` pipeline to them. Weights (including the K-Means centroids and their ``fitted`` flags) are
 stored as safetensors only.
 
-`convert_roberta_checkpoint` turns a RoBERTa checkpoint into a Cluster-Former one; `push_model` uploads a
+`convert_checkpoint` turns a RoBERTa or BERT-family checkpoint into a Cluster-Former one; `push_model` uploads a
 checkpoint directory.
 """
 
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.dynamic_module_utils import get_imports
 
@@ -36,8 +37,10 @@ from .pipeline import TASK, required_model_max_length
 __all__ = [
     "CODE_FILES",
     "PICKLE_SUFFIXES",
+    "CONVERTIBLE_TYPES",
     "ConvertedCheckpoint",
     "check_hub_checkpoint",
+    "convert_checkpoint",
     "convert_roberta_checkpoint",
     "hub_auto_map",
     "hub_code_imports",
@@ -220,78 +223,116 @@ def check_hub_checkpoint(path: str | os.PathLike) -> list[str]:
 
 @dataclass
 class ConvertedCheckpoint:
-    """Result of `convert_roberta_checkpoint`."""
+    """Result of `convert_checkpoint`."""
 
     path: Path
     config: ClusterFormerConfig
-    #: Parameters the source did not have (e.g. ``qa_outputs.*`` from a plain RoBERTa: train before use).
+    #: Parameters the source did not have (e.g. ``qa_outputs.*`` from a plain encoder: train before use).
     newly_initialized: list[str] = field(default_factory=list)
     has_tokenizer: bool = False
+    #: ``model_type`` of the source checkpoint (``roberta``, ``bert`` or ``clusterformer``).
+    source_type: str = "roberta"
 
 
-def convert_roberta_checkpoint(
+#: Source model types `convert_checkpoint` takes.
+CONVERTIBLE_TYPES = ("roberta", "bert", ClusterFormerConfig.model_type)
+#: BERT configuration fields that carry over unchanged.
+_BERT_FIELDS = (
+    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
+    "hidden_dropout_prob", "attention_probs_dropout_prob", "type_vocab_size", "initializer_range", "layer_norm_eps",
+)
+
+
+def _bert_as_roberta(src, source_config, tokenizer, hub_kwargs) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """A BERT-family checkpoint in the RoBERTa layout the model subclasses.
+
+    RoBERTa numbers positions from ``pad_token_id + 1``, BERT from 0, so the position table gets ``pad_token_id + 1``
+    leading zero rows: slot ``s`` of every window then reads BERT's row ``s``. ``[CLS]``/``[SEP]`` become the
+    bos/eos ids, so the ``[CLS] Q [SEP] C [SEP]`` template is found by its one separator.
+
+    Returns:
+        (config values, state dict with ``roberta.*`` keys and ``qa_outputs.*`` when the source has a QA head).
+    """
+    from transformers import AutoModelForQuestionAnswering
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the QA head a plain encoder lacks is reported once, by the caller
+    try:
+        source, info = AutoModelForQuestionAnswering.from_pretrained(src, output_loading_info=True, **hub_kwargs)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    has_head = not any(key.startswith("qa_outputs.") for key in info["missing_keys"])
+    pad = source_config.pad_token_id if source_config.pad_token_id is not None else 0
+    cls_id = getattr(tokenizer, "cls_token_id", None) if tokenizer is not None else None
+    sep_id = getattr(tokenizer, "sep_token_id", None) if tokenizer is not None else None
+    values = {name: getattr(source_config, name) for name in _BERT_FIELDS}
+    values.update(
+        max_position_embeddings=source_config.max_position_embeddings + pad + 1,
+        pad_token_id=pad,
+        bos_token_id=cls_id if cls_id is not None else 101,
+        eos_token_id=sep_id if sep_id is not None else 102,
+        pair_token_types=source_config.type_vocab_size > 1,
+    )
+    state = {}
+    for key, tensor in source.state_dict().items():
+        if key.startswith("bert."):
+            key = "roberta." + key[len("bert."):]
+        if key.endswith("embeddings.position_embeddings.weight"):
+            tensor = torch.cat([tensor.new_zeros(pad + 1, tensor.shape[1]), tensor])
+        if key.startswith("roberta.") and not key.endswith("position_ids") or key.startswith("qa_outputs.") and has_head:
+            state[key] = tensor
+    return values, state
+
+
+def convert_checkpoint(
     src: str | os.PathLike,
     dst: str | os.PathLike,
     *,
     cluster_layers: Sequence[int] | None = None,
-    num_clusters: int = 64,
-    window_size: int = 256,
-    window_stride: int = 224,
-    global_layer_type: str | Sequence[str] = "cluster",
-    max_question_length: int = 64,
-    max_context_length: int = 131072,
-    use_answerability_head: bool = False,
+    num_clusters: int | None = None,
+    window_size: int | None = None,
+    window_stride: int | None = None,
+    global_layer_type: str | Sequence[str] | None = None,
+    max_question_length: int | None = None,
+    max_context_length: int | None = None,
+    use_answerability_head: bool | None = None,
+    num_hidden_layers: int | None = None,
     tokenizer: str | os.PathLike | None = None,
     card_data: Mapping[str, Any] | None = None,
     revision: str | None = None,
     token: str | bool | None = None,
 ) -> ConvertedCheckpoint:
-    """Turn a RoBERTa / RobertaForQuestionAnswering checkpoint into a self-contained Cluster-Former one.
+    """Turn a RoBERTa, BERT-family (BERT, MiniLM, bge, e5) or Cluster-Former checkpoint into a self-contained
+    Cluster-Former one.
 
-    RoBERTa weights (and a QA head when present) load 1:1; cluster layers get seeded random centroids (not fitted:
-    train with centroid updates before relying on them) and a new QA head is initialised when the source has none.
+    Encoder weights (and a QA head when present) load 1:1 — BERT's into the RoBERTa layout (see `_bert_as_roberta`);
+    cluster layers get seeded random centroids (not fitted: train with centroid updates before relying on them) and a
+    new QA head is initialised when the source has none. The tokenizer is saved with the result.
 
     Args:
-        src: Hub id or directory of a ``roberta`` (or ``clusterformer``) checkpoint.
+        src: Hub id or directory of a ``roberta``, ``bert`` or ``clusterformer`` checkpoint.
         dst: output directory, written by `save_for_hub`.
-        cluster_layers: 0-based layers to make global layers; default: the paper's placement scaled to the depth.
-        num_clusters, window_size, window_stride, global_layer_type, max_question_length, max_context_length,
-            use_answerability_head: the Cluster-Former options (see `ClusterFormerConfig`).
+        cluster_layers, num_clusters, window_size, window_stride, global_layer_type, max_question_length,
+            max_context_length, use_answerability_head: the Cluster-Former options (see `ClusterFormerConfig`);
+            ``None`` keeps a Cluster-Former source's own value, else the config default (``cluster_layers``: the
+            paper's placement scaled to the depth).
+        num_hidden_layers: keep only the first this many encoder layers (a shallower, faster model).
         tokenizer: where to load the tokenizer from (default ``src``; a missing tokenizer there is skipped with a
             warning, one named here must load).
         card_data: extra `make_model_card` arguments; ``base_model`` defaults to ``src`` when it is a Hub id.
         revision, token: for loading ``src`` from the Hub.
 
     Raises:
-        ValueError: ``src`` is not a RoBERTa checkpoint, or the options are invalid (e.g. windows that do not fit
+        ValueError: ``src`` is not of a convertible type, or the options are invalid (e.g. windows that do not fit
         the position table).
     """
     hub_kwargs = {"revision": revision, "token": token}
     source = AutoConfig.from_pretrained(src, **hub_kwargs)
-    if source.model_type not in ("roberta", ClusterFormerConfig.model_type):
-        raise ValueError(f"{src} is a {source.model_type!r} checkpoint; only RoBERTa checkpoints can be converted.")
-    dropped = ("model_type", "architectures", "auto_map", "custom_pipelines", "transformers_version", "_name_or_path")
-    values = {k: v for k, v in source.to_dict().items() if k not in dropped}
-    values.update(
-        cluster_layers=list(cluster_layers) if cluster_layers is not None else None,
-        num_clusters=num_clusters,
-        window_size=window_size,
-        window_stride=window_stride,
-        global_layer_type=global_layer_type if isinstance(global_layer_type, str) else list(global_layer_type),
-        max_question_length=max_question_length,
-        max_context_length=max_context_length,
-        use_answerability_head=use_answerability_head,
-    )
-    config = ClusterFormerConfig(**values)
-    config.check_position_budget()
-    model, info = ClusterFormerForQuestionAnswering.from_pretrained(
-        src, config=config, output_loading_info=True, **hub_kwargs
-    )
-    routers = {f"roberta.encoder.routers.{i}." for i in config.cluster_layers}
-    newly_initialized = sorted(k for k in info["missing_keys"] if not any(k.startswith(r) for r in routers))
-    if newly_initialized:
-        logger.warning(f"Newly initialised (not in {src}): {', '.join(newly_initialized)}; fine-tune before use.")
-
+    if source.model_type not in CONVERTIBLE_TYPES:
+        raise ValueError(
+            f"{src} is a {source.model_type!r} checkpoint; convertible types are {', '.join(CONVERTIBLE_TYPES)}."
+        )
     loaded_tokenizer = None
     try:
         loaded_tokenizer = AutoTokenizer.from_pretrained(tokenizer if tokenizer is not None else src, **hub_kwargs)
@@ -300,11 +341,62 @@ def convert_roberta_checkpoint(
             raise ValueError(f"Could not load the tokenizer from {tokenizer}: {error}") from error
         logger.warning(f"No tokenizer loaded from {src} ({error}); the checkpoint is written without one.")
 
+    options = {
+        "cluster_layers": list(cluster_layers) if cluster_layers is not None else None,
+        "num_clusters": num_clusters,
+        "window_size": window_size,
+        "window_stride": window_stride,
+        "global_layer_type": global_layer_type if global_layer_type is None or isinstance(global_layer_type, str)
+        else list(global_layer_type),
+        "max_question_length": max_question_length,
+        "max_context_length": max_context_length,
+        "use_answerability_head": use_answerability_head,
+        "num_hidden_layers": num_hidden_layers,
+    }
+    options = {name: value for name, value in options.items() if value is not None}
+    if num_hidden_layers is not None and not 0 < num_hidden_layers <= source.num_hidden_layers:
+        raise ValueError(
+            f"num_hidden_layers must be in [1, {source.num_hidden_layers}] (the layers of {src}), got {num_hidden_layers}."
+        )
+    state = None
+    if source.model_type == "bert":
+        values, state = _bert_as_roberta(src, source, loaded_tokenizer, hub_kwargs)
+    else:
+        dropped = ("model_type", "architectures", "auto_map", "custom_pipelines", "transformers_version", "_name_or_path")
+        values = {k: v for k, v in source.to_dict().items() if k not in dropped}
+    config = ClusterFormerConfig(**{**values, **options})
+    config.check_position_budget()
+    if state is None:
+        # centroids saved for another cluster layout start afresh (seeded, not fitted)
+        model, info = ClusterFormerForQuestionAnswering.from_pretrained(
+            src, config=config, output_loading_info=True, ignore_mismatched_sizes=True, **hub_kwargs
+        )
+        mismatched = [key for key, *_ in info["mismatched_keys"]]
+        stray = [key for key in mismatched if ".routers." not in key]
+        if stray:
+            raise ValueError(f"{src} has tensors of other shapes than its config: {', '.join(stray)}.")
+        for index, router in model.cluster_routers().items():
+            if any(key.startswith(f"roberta.encoder.routers.{index}.") for key in mismatched):
+                router.centroids.copy_(router.initial_centroids())
+                router.fitted.fill_(False)
+        missing = info["missing_keys"]
+    else:
+        model = ClusterFormerForQuestionAnswering(config)
+        missing = model.load_state_dict(state, strict=False).missing_keys
+    routers = {f"roberta.encoder.routers.{i}." for i in config.cluster_layers}
+    newly_initialized = sorted(k for k in missing if not any(k.startswith(r) for r in routers))
+    if newly_initialized:
+        logger.warning(f"Newly initialised (not in {src}): {', '.join(newly_initialized)}; fine-tune before use.")
+
     card_kwargs = dict(card_data or {})
     if not Path(src).exists() and "base_model" not in card_kwargs:
         card_kwargs["base_model"] = str(src)
     save_for_hub(model, loaded_tokenizer, dst, card_data=card_kwargs)
-    return ConvertedCheckpoint(Path(dst), config, newly_initialized, loaded_tokenizer is not None)
+    return ConvertedCheckpoint(Path(dst), config, newly_initialized, loaded_tokenizer is not None, source.model_type)
+
+
+#: The former name of `convert_checkpoint`, kept for existing callers.
+convert_roberta_checkpoint = convert_checkpoint
 
 
 def push_model(

@@ -554,7 +554,8 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
         Args:
             input_ids: (B, T) pair encodings ``<s> Q </s></s> C </s>``, right-padded.
             attention_mask: (B, T) 1 for real tokens, 0 for padding.
-            token_type_ids: optional (B, T).
+            token_type_ids: optional (B, T); by default 0, or with ``config.pair_token_types`` 0 for the question
+                prefix and 1 for the context (BERT's pair template).
             question_lengths: optional (B,) length of the question prefix ``<s> Q </s></s>`` in tokens. By default it
                 ends at the first separator and the separator right after it.
             output_hidden_states / output_attentions / output_cluster_assignments: extra outputs.
@@ -597,9 +598,12 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
 
         window_ids = torch.gather(input_ids, 1, layout.token_index.view(batch, -1)).view(batch, windows, slots)
         window_ids = window_ids.masked_fill(~layout.valid, config.pad_token_id)
-        window_types = None
         if token_type_ids is not None:
             window_types = torch.gather(token_type_ids, 1, layout.token_index.view(batch, -1)).view(-1, slots)
+        elif config.pair_token_types:  # BERT's pair types: 0 for the question prefix, 1 for the context
+            window_types = layout.is_context.long().view(-1, slots)
+        else:
+            window_types = None
         states = self.embeddings(
             input_ids=window_ids.view(-1, slots), position_ids=layout.position_ids.view(-1, slots), token_type_ids=window_types
         ).view(batch, windows, slots, -1)

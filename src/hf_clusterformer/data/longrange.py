@@ -21,6 +21,12 @@ itself where its place fact mentions it. It teaches a model trained from scratch
 in the question with the same name in the context, the step that both other kinds build on
 (without it, small models trained from scratch stay at chance on ``local`` for thousands of steps).
 
+``kind="twin"`` is a one-hop long-range task over contexts of fillers and ``num_facts`` place facts
+``"P lives in T."`` about distinct people, where one place occurs twice and every other once. It asks
+``"Which place has two residents?"``: the answer is the place named in two facts, which lie at least
+``min_gap_tokens`` apart (and at most ``max_gap_tokens``, when given). A window that sees one of the two
+facts cannot tell it from the once-named places; a layer that brings both mentions together can.
+
 Names are drawn from small fixed pools (each name is one token of the tokenizer built by
 :func:`hf_clusterformer.data.tokenizer.build_longrange_tokenizer`), sentences follow fixed
 templates, and every example depends only on ``(seed, kind, index)``.
@@ -53,8 +59,8 @@ __all__ = [
     "squad_features",
 ]
 
-KINDS = ("longrange", "local", "mention")
-_KIND_IDS = {"longrange": 0, "local": 1, "mention": 2}
+KINDS = ("longrange", "local", "mention", "twin")
+_KIND_IDS = {"longrange": 0, "local": 1, "mention": 2, "twin": 3}
 _SPLIT_IDS = {"train": 0, "validation": 1, "test": 2}
 
 _ONSETS = "B D F G H J K L M N P R S T V Z".split()
@@ -78,6 +84,7 @@ _LINK = "{} lives with {}."
 _PLACE = "{} lives in {}."
 _QUESTION = "Where does {} live?"
 _MENTION = "Who is {} with a home?"
+_TWIN = "Which place has two residents?"
 _FACT_LEN = 5  # approximate tokens of both fact templates: name, lives, with|in, name, "."
 
 _APPROX_TOKEN_RE = re.compile(r"\w+|[^\w\s]+")
@@ -200,6 +207,57 @@ def _generate_one(
     return question, " ".join(sentences), answer, answer_start
 
 
+def _generate_twin(
+    rng: np.random.Generator,
+    context_tokens: tuple[int, int],
+    min_gap: int,
+    max_gap: int | None,
+    num_facts: int,
+) -> tuple[str, str, str, list[int]]:
+    """One ``twin`` example: (question, context, answer, both answer offsets)."""
+    for _ in range(1000):
+        target = int(rng.integers(context_tokens[0], context_tokens[1] + 1))
+        fillers = []
+        total = 0
+        while total < target - num_facts * _FACT_LEN:
+            fillers.append(int(rng.integers(len(_FILLERS))))
+            total += int(_FILLER_LEN[fillers[-1]])
+        kinds = np.array(fillers + [-1] * num_facts)[rng.permutation(len(fillers) + num_facts)]
+        lengths = np.where(kinds < 0, _FACT_LEN, _FILLER_LEN[np.maximum(kinds, 0)])
+        starts = np.cumsum(lengths) - lengths
+        facts = np.flatnonzero(kinds < 0)
+        gaps = starts[facts][None, :] - (starts[facts][:, None] + _FACT_LEN)  # tokens strictly between i < j
+        ok = np.triu(gaps >= min_gap, k=1)
+        if max_gap is not None:
+            ok &= gaps <= max_gap
+        ok |= ok.T
+        # a uniformly drawn fact, then a partner at the right distance: no fact position is favoured more than
+        # the gap forces (drawing uniformly over pairs would favour the first and last facts)
+        first = int(rng.integers(num_facts))
+        partners = np.flatnonzero(ok[first])
+        if len(partners):
+            first, second = sorted((first, int(rng.choice(partners))))
+            break
+    else:
+        raise ValueError(
+            f"no context of {context_tokens} approximate tokens placed two facts {min_gap}-{max_gap} tokens apart; "
+            "widen context_tokens or the gap range"
+        )
+    people = rng.choice(len(PERSON_NAMES), size=num_facts, replace=False)
+    places = [PLACE_NAMES[i] for i in rng.choice(len(PLACE_NAMES), size=num_facts - 1, replace=False)]
+    others = [i for i in range(num_facts) if i not in (first, second)]
+    fact_places = [""] * num_facts
+    fact_places[first] = fact_places[second] = places[0]
+    for slot, place in zip(others, places[1:]):
+        fact_places[slot] = place
+    sentences = [_FILLERS[k] if k >= 0 else "" for k in kinds]
+    for slot, sentence in enumerate(facts):
+        sentences[sentence] = _PLACE.format(PERSON_NAMES[people[slot]], fact_places[slot])
+    offsets = np.cumsum([0] + [len(t) + 1 for t in sentences])
+    answer_starts = [int(offsets[facts[i]]) + len(sentences[facts[i]]) - len(places[0]) - 1 for i in (first, second)]
+    return _TWIN, " ".join(sentences), places[0], answer_starts
+
+
 def _check_args(
     kind: str, context_tokens: tuple[int, int], min_gap_tokens: int, fact_fraction: float
 ) -> None:
@@ -229,6 +287,8 @@ def generate_longrange_dataset(
     fact_fraction: float = 0.5,
     max_chains: int | None = None,
     split: str = "train",
+    max_gap_tokens: int | None = None,
+    num_facts: int = 16,
 ) -> list[dict[str, Any]]:
     """Generate SQuAD-format records ``{"id", "title", "question", "context", "answers"}``.
 
@@ -244,6 +304,10 @@ def generate_longrange_dataset(
         fact_fraction: share of sentences drawn as facts (the rest are fillers).
         max_chains: cap on chains per context (default: as many as the name pools allow).
         split: name mixed into the seed so that splits never share records.
+        max_gap_tokens: ``twin`` only: most approximate tokens between the two facts naming the answer (e.g. within
+            one window, for a near version of the task).
+        num_facts: ``twin`` only: place facts per context (``num_facts - 1`` distinct places; chance is
+            ``1 / (num_facts - 1)``).
     """
     _check_args(kind, context_tokens, min_gap_tokens, fact_fraction)
     if num_examples < 0:
@@ -252,22 +316,30 @@ def generate_longrange_dataset(
     max_chains = cap if max_chains is None else max_chains
     if not 0 < max_chains <= cap:
         raise ValueError(f"max_chains must be in [1, {cap}], got {max_chains}")
+    if kind == "twin" and not 3 <= num_facts <= len(PLACE_NAMES):
+        raise ValueError(f"num_facts must be in [3, {len(PLACE_NAMES)}], got {num_facts}")
+    if max_gap_tokens is not None and max_gap_tokens < min_gap_tokens:
+        raise ValueError(f"max_gap_tokens ({max_gap_tokens}) must be >= min_gap_tokens ({min_gap_tokens})")
     split_id = _SPLIT_IDS.get(split)
     if split_id is None:
         split_id = int.from_bytes(split.encode()[:8].ljust(8, b"\0"), "little")
     records = []
     for i in range(num_examples):
         rng = np.random.default_rng([seed, _KIND_IDS[kind], split_id, i])
-        question, context, answer, start = _generate_one(
-            rng, kind, context_tokens, min_gap_tokens, fact_fraction, max_chains
-        )
+        if kind == "twin":
+            question, context, answer, starts = _generate_twin(rng, context_tokens, min_gap_tokens, max_gap_tokens, num_facts)
+        else:
+            question, context, answer, start = _generate_one(
+                rng, kind, context_tokens, min_gap_tokens, fact_fraction, max_chains
+            )
+            starts = [start]
         records.append(
             {
                 "id": f"{kind}-{split}-{seed}-{i}",
                 "title": f"{kind}-{split}-{i}",
                 "question": question,
                 "context": context,
-                "answers": {"text": [answer], "answer_start": [start]},
+                "answers": {"text": [answer] * len(starts), "answer_start": starts},
             }
         )
     return records
@@ -278,11 +350,11 @@ def longrange_corpus(num_examples: int = 200, seed: int = 0,
     """Texts for training a tokenizer: generated contexts and questions of both kinds,
     plus one question per pooled name so every name is seen."""
     texts: list[str] = []
-    for kind in KINDS:
+    for kind in ("longrange", "local", "mention"):  # twin contexts hold the same sentences
         for r in generate_longrange_dataset(num_examples, seed, context_tokens, kind,
                                             split="tokenizer"):
             texts += [r["question"], r["context"]]
-    texts += [_QUESTION.format(name) for name in PERSON_NAMES]
+    texts += [_QUESTION.format(name) for name in PERSON_NAMES] + [_TWIN]
     texts += [_PLACE.format(PERSON_NAMES[0], place) for place in PLACE_NAMES]
     return texts
 

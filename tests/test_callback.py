@@ -224,3 +224,23 @@ def test_qa_trainer_puts_the_callback_ahead_of_reporters(tmp_path):
     args = TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
     trainer = make_qa_trainer(model, args, TinyQA(4), build_longrange_tokenizer(), [recorder, callback])
     assert trainer.callback_handler.callbacks[0] is callback and recorder in trainer.callback_handler.callbacks
+
+
+def test_callback_updater_and_run_qa_flags_share_one_settings_object(tmp_path):
+    from hf_clusterformer.centroid_updates import CentroidUpdateSettings
+    from hf_clusterformer.qa_training import CentroidArguments, parse_args
+
+    settings = CentroidUpdateSettings(update_every_epochs=None, update_every_steps=2, memory_size=300, min_states=1)
+    callback = CentroidUpdateCallback(settings, seed=5)
+    assert callback.settings == CentroidUpdateSettings(**{**vars(settings), "seed": 5})
+    trainer = make_trainer(tmp_path, callback, max_steps=2)
+    trainer.train()
+    assert callback.updater.settings == callback.settings and callback.updater.banks[2].capacity == 300
+    assert [h["step"] for h in callback.history] == [1]
+
+    _, _, centroid_args, _ = parse_args(["--output_dir", str(tmp_path), "--centroid_update_steps", "3",
+                                         "--centroid_update_epochs", "2", "--centroid_backend", "torch"])
+    assert centroid_args.settings() == CentroidUpdateSettings(update_every_steps=3, update_every_epochs=2, backend="torch")
+    assert CentroidArguments().settings() == CentroidUpdateSettings()
+    with pytest.raises(ValueError, match="memory_size must be positive"):
+        CentroidArguments(memory_size=0).settings()

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import asdict
+from typing import Any
 
-import torch
 from safetensors.torch import load_file, save_file
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_callback import ExportableState
 
-from .clustering import CentroidUpdater, ClusterStats, find_cluster_routers
+from .centroid_updates import CentroidUpdater, CentroidUpdateSettings, find_cluster_routers
+from .kmeans import ClusterStats
 
 logger = logging.getLogger(__name__)
 
@@ -50,54 +52,15 @@ class CentroidUpdateCallback(TrainerCallback, ExportableState):
     broadcasts buffers.
 
     Args:
-        update_every_epochs: refit period in epochs (None: no epoch-based refits).
-        update_every_steps: refit period in optimizer steps (None: no step-based refits).
-        memory_size: states kept per layer and rank (paper: M = 100,000).
-        min_states: states needed (all ranks together) before fitting; default ``min(memory_size, 32 * k)``.
-        max_capture_per_forward: random subset of states banked per forward pass and layer (None: all).
-        backend: K-Means backend: ``"auto"``, ``"torch"``, ``"faiss-cpu"`` or ``"faiss-gpu"``.
-        num_iters: Lloyd iterations per fit.
-        seed: seeds k-means++ and the capture subsampling.
-        bank_dtype: storage dtype of the banks, by name (``"float16"``, ``"bfloat16"``, ``"float32"``).
-        warm_start: start refits from the current centroids.
-        max_points_per_centroid: fit on at most ``k *`` this many states (None: all).
-        save_memory_bank: also save the banks in checkpoints.
+        settings: the schedule and K-Means options (default `CentroidUpdateSettings()`: refit every epoch).
+        **options: `CentroidUpdateSettings` fields overriding ``settings``: ``update_every_epochs`` (None: no
+            epoch-based refits), ``update_every_steps``, ``memory_size`` (per layer and rank), ``min_states`` (all
+            ranks together), ``max_capture_per_forward``, ``backend``, ``num_iters``, ``seed``, ``bank_dtype`` (by
+            name), ``warm_start``, ``max_points_per_centroid``, ``save_memory_bank``.
     """
 
-    def __init__(
-        self,
-        update_every_epochs: int | None = 1,
-        update_every_steps: int | None = None,
-        memory_size: int = 100_000,
-        min_states: int | None = None,
-        max_capture_per_forward: int | None = None,
-        backend: str = "auto",
-        num_iters: int = 20,
-        seed: int = 0,
-        bank_dtype: str = "float16",
-        warm_start: bool = True,
-        max_points_per_centroid: int | None = None,
-        save_memory_bank: bool = False,
-    ):
-        for name, value in (("update_every_epochs", update_every_epochs), ("update_every_steps", update_every_steps)):
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be positive or None, got {value}.")
-        if not isinstance(getattr(torch, bank_dtype, None), torch.dtype):
-            raise ValueError(f"bank_dtype must name a torch dtype, got {bank_dtype!r}.")
-        self.settings = dict(
-            update_every_epochs=update_every_epochs,
-            update_every_steps=update_every_steps,
-            memory_size=memory_size,
-            min_states=min_states,
-            max_capture_per_forward=max_capture_per_forward,
-            backend=backend,
-            num_iters=num_iters,
-            seed=seed,
-            bank_dtype=bank_dtype,
-            warm_start=warm_start,
-            max_points_per_centroid=max_points_per_centroid,
-            save_memory_bank=save_memory_bank,
-        )
+    def __init__(self, settings: CentroidUpdateSettings | None = None, **options: Any):
+        self.settings = CentroidUpdateSettings.build(settings, **options)
         self.updater: CentroidUpdater | None = None
         self.last_update_step: int | None = None
         self.last_update_epoch: int = 0
@@ -112,7 +75,7 @@ class CentroidUpdateCallback(TrainerCallback, ExportableState):
     def state(self) -> dict:
         """Constructor arguments and progress, stored in ``trainer_state.json`` with every checkpoint."""
         return {
-            "args": dict(self.settings),
+            "args": asdict(self.settings),
             "attributes": {
                 "last_update_step": self.last_update_step,
                 "last_update_epoch": self.last_update_epoch,
@@ -154,26 +117,13 @@ class CentroidUpdateCallback(TrainerCallback, ExportableState):
         if self.updater is None or self._model_id != id(model):
             if self.updater is not None:
                 self.updater.close()
-            a = self.settings
-            self.updater = CentroidUpdater(
-                model,
-                memory_size=a["memory_size"],
-                update_every=a["update_every_steps"],
-                min_states=a["min_states"],
-                max_capture_per_forward=a["max_capture_per_forward"],
-                bank_dtype=getattr(torch, a["bank_dtype"]),
-                backend=a["backend"],
-                num_iters=a["num_iters"],
-                seed=a["seed"],
-                warm_start=a["warm_start"],
-                max_points_per_centroid=a["max_points_per_centroid"],
-            )
+            self.updater = CentroidUpdater(model, self.settings)
             self._model_id = id(model)
         else:
             self.updater.attach()
         if state.global_step > 0:
             self._restore(state)
-            if self.settings["save_memory_bank"]:
+            if self.settings.save_memory_bank:
                 self._load_banks(args, state)
         else:
             self.last_update_step, self.last_update_epoch = None, 0
@@ -189,7 +139,7 @@ class CentroidUpdateCallback(TrainerCallback, ExportableState):
             self._record(stats, args, state, control)
 
     def on_epoch_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
-        every = self.settings["update_every_epochs"]
+        every = self.settings.update_every_epochs
         epoch = int(round(state.epoch or 0))
         if self.updater is None or every is None or epoch - self.last_update_epoch < every:
             return
@@ -217,7 +167,7 @@ class CentroidUpdateCallback(TrainerCallback, ExportableState):
         self._pending = {}
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
-        if self.updater is None or not self.settings["save_memory_bank"]:
+        if self.updater is None or not self.settings.save_memory_bank:
             return
         folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
         os.makedirs(folder, exist_ok=True)

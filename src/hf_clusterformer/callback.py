@@ -33,13 +33,15 @@ class CentroidUpdateCallback(TrainerCallback, ExportableState):
 
     Schedule: a warm-up fit as soon as each bank holds ``min_states`` states, then a refit every
     ``update_every_epochs`` epochs (paper: every epoch or a few) and/or every ``update_every_steps`` optimizer
-    steps, counted on ``state.global_step``. Each refit warm-starts from the current centroids.
+    steps, counted on ``state.global_step``. Each refit warm-starts from the current centroids. An epoch's refit
+    runs at the epoch's last optimizer step, before that step's log and checkpoint.
 
     Centroids are model buffers, so checkpoints carry them. The callback's progress (last update step and epoch,
     number of updates) is saved in the checkpoint's ``trainer_state.json`` and restored by
     ``trainer.train(resume_from_checkpoint=...)``; with ``save_memory_bank=True`` the banks are saved too (one
-    safetensors file per rank, ``memory_size * hidden_size * 2`` bytes per layer) and a resumed run computes the
-    same centroids as an uninterrupted one. They are looked up in ``args.output_dir/checkpoint-{global_step}``.
+    safetensors file per rank, ``memory_size * hidden_size * 2`` bytes per layer) and a run resumed from any
+    checkpoint (within or at the end of an epoch) computes the same centroids and weights as an uninterrupted one.
+    They are looked up in ``args.output_dir/checkpoint-{global_step}``.
 
     Statistics of each fit (cluster sizes min/max, size entropy, mean cosine to the centroid; keys
     ``clusters/layer{i}/...``) trigger a log at that step: they are added to that log's entry in
@@ -137,18 +139,15 @@ class CentroidUpdateCallback(TrainerCallback, ExportableState):
         stats = self.updater.step(state.global_step)
         if stats is not None:
             self._record(stats, args, state, control)
+        # An epoch's refit runs at its last step (or the training's), before that step's log and checkpoint, which
+        # the Trainer writes before on_epoch_end: a run resumed from that checkpoint continues like an uninterrupted one.
+        if float(state.epoch or 0).is_integer() or state.global_step >= state.max_steps > 0:
+            self._end_epoch(args, state, control)
 
     def on_epoch_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
-        every = self.settings.update_every_epochs
-        epoch = int(round(state.epoch or 0))
-        if self.updater is None or every is None or epoch - self.last_update_epoch < every:
-            return
-        if self.updater.last_update_step != state.global_step:
-            stats = self.updater.update()
-            if stats is None:
-                return  # not enough states yet: retry at the next epoch end
-            self._record(stats, args, state, control)
-        self.last_update_epoch = epoch
+        # Already done at the epoch's last step unless that step was not recognisable (an iterable dataset).
+        if self.updater is not None:
+            self._end_epoch(args, state, control)
 
     def on_log(
         self,
@@ -181,6 +180,19 @@ class CentroidUpdateCallback(TrainerCallback, ExportableState):
 
     # -- helpers -------------------------------------------------------------------------------------------------
 
+    def _end_epoch(self, args: TrainingArguments, state: TrainerState, control: TrainerControl) -> None:
+        """The epoch-based refit, when ``update_every_epochs`` epochs have ended since the last one."""
+        every = self.settings.update_every_epochs
+        epoch = int(round(state.epoch or 0))
+        if every is None or epoch - self.last_update_epoch < every:
+            return
+        if self.updater.last_update_step != state.global_step:
+            stats = self.updater.update()
+            if stats is None:
+                return  # not enough states yet: retry at the next epoch end
+            self._record(stats, args, state, control)
+        self.last_update_epoch = epoch
+
     def _record(
         self, stats: dict[int, ClusterStats], args: TrainingArguments, state: TrainerState, control: TrainerControl
     ) -> None:
@@ -190,8 +202,11 @@ class CentroidUpdateCallback(TrainerCallback, ExportableState):
         for index, layer_stats in stats.items():
             values.update(layer_stats.as_log(f"clusters/layer{index}/"))
         self.history.append({"step": state.global_step, "epoch": state.epoch or 0.0, **values})
-        self._pending = values
-        control.should_log = True
+        if state.log_history and state.log_history[-1].get("step") == state.global_step:
+            state.log_history[-1].update(values)  # this step's log is written already
+        else:
+            self._pending = values
+            control.should_log = True
         if state.is_world_process_zero:
             summary = ", ".join(
                 f"layer {i}: sizes {s.size_min}-{s.size_max}, entropy {s.normalized_entropy:.3f}, "

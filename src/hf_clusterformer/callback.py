@@ -113,7 +113,7 @@ class CentroidUpdateCallback(TrainerCallback, ExportableState):
         if model is None:
             raise ValueError("CentroidUpdateCallback needs the Trainer's model.")
         if not find_cluster_routers(model):
-            logger.warning(f"{type(model).__name__} has no K-Means cluster layers; CentroidUpdateCallback does nothing.")
+            logger.warning("%s has no K-Means cluster layers; CentroidUpdateCallback does nothing.", type(model).__name__)
             self.updater = None
             return
         if self.updater is None or self._model_id != id(model):
@@ -213,7 +213,7 @@ class CentroidUpdateCallback(TrainerCallback, ExportableState):
                 f"cos {s.mean_cosine:.3f} ({s.seconds:.2f} s, {s.backend})"
                 for i, s in stats.items()
             )
-            logger.info(f"Centroids updated at step {state.global_step}: {summary}")
+            logger.info("Centroids updated at step %d: %s", state.global_step, summary)
 
     def _load_banks(self, args: TrainingArguments, state: TrainerState) -> None:
         folders = [os.path.join(args.output_dir, f"checkpoint-{state.global_step}")]
@@ -224,4 +224,4 @@ class CentroidUpdateCallback(TrainerCallback, ExportableState):
             if os.path.isfile(path):
                 self.updater.load_banks_state_dict(load_file(path))
                 return
-        logger.warning(f"No saved memory bank found in {folders}; banks restart empty.")
+        logger.warning("No saved memory bank found in %s; banks restart empty.", folders)

@@ -18,7 +18,7 @@ import time
 import torch
 
 from hf_clusterformer import ClusterFormerConfig, ClusterFormerForQuestionAnswering
-from hf_clusterformer.clustering import CentroidUpdater
+from hf_clusterformer.centroid_updates import CentroidUpdater
 
 
 def make_batch(batch: int, question: int, context: int, vocab: int, seed: int) -> dict[str, torch.Tensor]:

@@ -18,7 +18,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from hf_clusterformer.clustering import available_backends, spherical_kmeans
+from hf_clusterformer.kmeans import available_backends, spherical_kmeans
 
 
 def clustered_states(n: int, dim: int, directions: int, noise: float, seed: int) -> torch.Tensor:

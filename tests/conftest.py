@@ -1,9 +1,9 @@
-"""Test configuration: the local Hub server and olah fixtures live in tests/hub_fixtures.py."""
+"""Test configuration: the local Hub server and olah fixtures live in tests/support/hub_fixtures.py."""
 
 import pytest
 import torch
 
-pytest_plugins = ["hub_fixtures"]
+pytest_plugins = ["support.hub_fixtures"]
 
 
 @pytest.fixture(autouse=True, scope="session")

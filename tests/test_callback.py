@@ -54,7 +54,9 @@ class CentroidSnapshots(TrainerCallback):
         self.by_step[state.global_step + 1] = model.cluster_routers()[2].centroids.detach().clone()
 
 
-def make_trainer(output_dir, callback: CentroidUpdateCallback, snapshots=None, cluster_layers=(2,), **arguments) -> Trainer:
+def make_trainer(
+    output_dir, callback: CentroidUpdateCallback, snapshots=None, cluster_layers=(2,), train_size=16, **arguments
+) -> Trainer:
     torch.manual_seed(0)
     model = ClusterFormerForQuestionAnswering(tiny_config(hidden_dropout_prob=0.1, cluster_layers=list(cluster_layers)))
     values = dict(
@@ -72,7 +74,7 @@ def make_trainer(output_dir, callback: CentroidUpdateCallback, snapshots=None, c
     )
     values.update(arguments)
     callbacks = [callback] + ([snapshots] if snapshots is not None else [])
-    return Trainer(model=model, args=TrainingArguments(**values), train_dataset=TinyQA(16), callbacks=callbacks)
+    return Trainer(model=model, args=TrainingArguments(**values), train_dataset=TinyQA(train_size), callbacks=callbacks)
 
 
 def fit_steps(trainer: Trainer) -> list[int]:
@@ -224,3 +226,57 @@ def test_qa_trainer_puts_the_callback_ahead_of_reporters(tmp_path):
     args = TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
     trainer = make_qa_trainer(model, args, TinyQA(4), build_longrange_tokenizer(), [recorder, callback])
     assert trainer.callback_handler.callbacks[0] is callback and recorder in trainer.callback_handler.callbacks
+
+
+def test_callback_updater_and_run_qa_flags_share_one_settings_object(tmp_path):
+    from hf_clusterformer.centroid_updates import CentroidUpdateSettings
+    from hf_clusterformer.qa_training import CentroidArguments, parse_args
+
+    settings = CentroidUpdateSettings(update_every_epochs=None, update_every_steps=2, memory_size=300, min_states=1)
+    callback = CentroidUpdateCallback(settings, seed=5)
+    assert callback.settings == CentroidUpdateSettings(**{**vars(settings), "seed": 5})
+    trainer = make_trainer(tmp_path, callback, max_steps=2)
+    trainer.train()
+    assert callback.updater.settings == callback.settings and callback.updater.banks[2].capacity == 300
+    assert [h["step"] for h in callback.history] == [1]
+
+    _, _, centroid_args, _ = parse_args(["--output_dir", str(tmp_path), "--centroid_update_steps", "3",
+                                         "--centroid_update_epochs", "2", "--centroid_backend", "torch"])
+    assert centroid_args.settings() == CentroidUpdateSettings(update_every_steps=3, update_every_epochs=2, backend="torch")
+    assert CentroidArguments().settings() == CentroidUpdateSettings()
+    with pytest.raises(ValueError, match="memory_size must be positive"):
+        CentroidArguments(memory_size=0).settings()
+
+
+@pytest.mark.parametrize(
+    "save, checkpoint",
+    [({"save_strategy": "epoch"}, 10), ({"save_strategy": "steps", "save_steps": 5}, 10),
+     ({"save_strategy": "steps", "save_steps": 4}, 8)],
+    ids=["epoch-end-by-epoch", "epoch-end-by-steps", "mid-epoch"],
+)
+def test_resume_at_any_checkpoint_reproduces_the_uninterrupted_run(tmp_path, save, checkpoint):
+    # 5 steps per epoch, 4 epochs; refits at epoch ends and every 3 steps, logs every 5 steps (at epoch ends).
+    def run(resume: bool):
+        callback = CentroidUpdateCallback(update_every_epochs=1, update_every_steps=3, min_states=1, save_memory_bank=True)
+        trainer = make_trainer(tmp_path, callback, train_size=20, num_train_epochs=4, logging_steps=5, **save)
+        trainer.train(resume_from_checkpoint=str(tmp_path / f"checkpoint-{checkpoint}") if resume else None)
+        return trainer, callback
+
+    full, full_callback = run(resume=False)
+    schedule = [1, 4, 5, 8, 10, 13, 15, 18, 20]
+    assert [h["step"] for h in full_callback.history] == schedule
+    assert fit_steps(full) == schedule  # epoch-end statistics reach log_history, in the log of their step
+    assert full_callback.num_updates == len(schedule)
+
+    resumed, resumed_callback = run(resume=True)
+    assert [h["step"] for h in resumed_callback.history] == [s for s in schedule if s > checkpoint]
+    assert fit_steps(resumed) == schedule
+    assert resumed_callback.num_updates == len(schedule)
+    for ours, theirs in zip(resumed_callback.history, full_callback.history[-len(resumed_callback.history):]):
+        assert {k: v for k, v in ours.items() if k != "clusters/layer2/seconds"} == {
+            k: v for k, v in theirs.items() if k != "clusters/layer2/seconds"
+        }
+    full_weights, resumed_weights = full.model.state_dict(), resumed.model.state_dict()
+    assert full_weights.keys() == resumed_weights.keys()
+    for name in full_weights:
+        assert torch.equal(full_weights[name], resumed_weights[name]), name

@@ -396,3 +396,30 @@ def test_updater_memory_size_caps_every_bank():
     for _ in range(3):
         model(input_ids=ids, attention_mask=mask)
     assert len(updater.banks[2]) == 50 and updater.banks[2].total_added > 50
+
+
+def test_settings_are_validated_and_shared_with_keyword_overrides():
+    from hf_clusterformer.centroid_updates import CentroidUpdateSettings
+
+    settings = CentroidUpdateSettings(update_every_steps=4, memory_size=64, bank_dtype=torch.float32)
+    assert settings.bank_dtype == "float32" and settings.torch_bank_dtype is torch.float32
+    updater = CentroidUpdater(tiny_qa(), settings, seed=3)
+    assert updater.settings.seed == 3 and updater.update_every == 4 and settings.seed == 0
+    assert updater.banks[2].capacity == 64 and updater.banks[2].dtype is torch.float32
+    assert CentroidUpdater(tiny_qa(), update_every=2).settings.update_every_steps == 2
+    with pytest.raises(ValueError, match="update_every_steps must be positive"):
+        CentroidUpdater(tiny_qa(), update_every=0)
+    with pytest.raises(ValueError, match="Unknown centroid update option.*memory_sise.*valid options: .*memory_size"):
+        CentroidUpdater(tiny_qa(), memory_sise=10)
+    with pytest.raises(ValueError, match="not both"):
+        CentroidUpdater(tiny_qa(), update_every=2, update_every_steps=2)
+    with pytest.raises(ValueError, match="settings must be a CentroidUpdateSettings"):
+        CentroidUpdater(tiny_qa(), 5)
+
+
+def test_clustering_module_re_exports_the_engine_and_the_updater():
+    from hf_clusterformer import centroid_updates, clustering, kmeans
+
+    for name in clustering.__all__:
+        source = centroid_updates if hasattr(centroid_updates, name) and name in centroid_updates.__all__ else kmeans
+        assert getattr(clustering, name) is getattr(source, name), name

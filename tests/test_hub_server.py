@@ -1,9 +1,9 @@
 """Push to and pull from real Hub-compatible servers with the real clients.
 
-The upload side is the project's git-backed server (``tests/hub_server.py``); the
+The upload side is the project's git-backed server (``tests/support/hub_server.py``); the
 download side is checked against that server and, independently, against an
 ``olah`` mirror serving the same git repositories offline. Client code runs in
-subprocesses (see ``hub_fixtures``).
+subprocesses (see ``support/hub_fixtures.py``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from urllib.error import HTTPError
 from urllib.request import Request, urlopen
 
 import pytest
-from hub_fixtures import TEST_TOKEN, HubServer, olah_available, run_with_endpoint, serve_hub, serve_olah
+from support.hub_fixtures import TEST_TOKEN, HubServer, olah_available, run_with_endpoint, serve_hub, serve_olah
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="the git command line tool is not installed")
 
@@ -347,8 +347,8 @@ def test_olah_mirror_fixture(hub_server: HubServer, olah_mirror: str, tmp_path: 
 
 
 def test_server_command_line(tmp_path: Path) -> None:
-    """``python tests/hub_server.py --root DIR --port 0`` serves the API."""
-    script = Path(__file__).with_name("hub_server.py")
+    """``python tests/support/hub_server.py --root DIR --port 0`` serves the API."""
+    script = Path(__file__).parent / "support" / "hub_server.py"
     proc = subprocess.Popen(
         [sys.executable, str(script), "--root", str(tmp_path / "root"), "--port", "0", "--quiet"],
         stdout=subprocess.PIPE,

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import tiny_config
-from hub_fixtures import TEST_TOKEN, run_with_endpoint
+from support.hub_fixtures import TEST_TOKEN, run_with_endpoint
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, GPT2Config, RobertaConfig, RobertaForQuestionAnswering, RobertaModel

@@ -27,9 +27,10 @@ register_pipeline()  # transformers.pipeline("question-answering", ...) uses the
 # imports them.
 _LAZY = {
     "CentroidUpdateCallback": "callback",
-    "CentroidUpdater": "clustering",
-    "MemoryBank": "clustering",
-    "spherical_kmeans": "clustering",
+    "CentroidUpdateSettings": "centroid_updates",
+    "CentroidUpdater": "centroid_updates",
+    "MemoryBank": "centroid_updates",
+    "spherical_kmeans": "kmeans",
     "inspect_clusters": "inspection",
 }
 

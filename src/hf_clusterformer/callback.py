@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import asdict
+from typing import Any
 
-import torch
 from safetensors.torch import load_file, save_file
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_callback import ExportableState
 
-from .clustering import CentroidUpdater, ClusterStats, find_cluster_routers
+from .centroid_updates import CentroidUpdater, CentroidUpdateSettings, find_cluster_routers
+from .kmeans import ClusterStats
 
 logger = logging.getLogger(__name__)
 
@@ -31,13 +33,15 @@ class CentroidUpdateCallback(TrainerCallback, ExportableState):
 
     Schedule: a warm-up fit as soon as each bank holds ``min_states`` states, then a refit every
     ``update_every_epochs`` epochs (paper: every epoch or a few) and/or every ``update_every_steps`` optimizer
-    steps, counted on ``state.global_step``. Each refit warm-starts from the current centroids.
+    steps, counted on ``state.global_step``. Each refit warm-starts from the current centroids. An epoch's refit
+    runs at the epoch's last optimizer step, before that step's log and checkpoint.
 
     Centroids are model buffers, so checkpoints carry them. The callback's progress (last update step and epoch,
     number of updates) is saved in the checkpoint's ``trainer_state.json`` and restored by
     ``trainer.train(resume_from_checkpoint=...)``; with ``save_memory_bank=True`` the banks are saved too (one
-    safetensors file per rank, ``memory_size * hidden_size * 2`` bytes per layer) and a resumed run computes the
-    same centroids as an uninterrupted one. They are looked up in ``args.output_dir/checkpoint-{global_step}``.
+    safetensors file per rank, ``memory_size * hidden_size * 2`` bytes per layer) and a run resumed from any
+    checkpoint (within or at the end of an epoch) computes the same centroids and weights as an uninterrupted one.
+    They are looked up in ``args.output_dir/checkpoint-{global_step}``.
 
     Statistics of each fit (cluster sizes min/max, size entropy, mean cosine to the centroid; keys
     ``clusters/layer{i}/...``) trigger a log at that step: they are added to that log's entry in
@@ -50,54 +54,15 @@ class CentroidUpdateCallback(TrainerCallback, ExportableState):
     broadcasts buffers.
 
     Args:
-        update_every_epochs: refit period in epochs (None: no epoch-based refits).
-        update_every_steps: refit period in optimizer steps (None: no step-based refits).
-        memory_size: states kept per layer and rank (paper: M = 100,000).
-        min_states: states needed (all ranks together) before fitting; default ``min(memory_size, 32 * k)``.
-        max_capture_per_forward: random subset of states banked per forward pass and layer (None: all).
-        backend: K-Means backend: ``"auto"``, ``"torch"``, ``"faiss-cpu"`` or ``"faiss-gpu"``.
-        num_iters: Lloyd iterations per fit.
-        seed: seeds k-means++ and the capture subsampling.
-        bank_dtype: storage dtype of the banks, by name (``"float16"``, ``"bfloat16"``, ``"float32"``).
-        warm_start: start refits from the current centroids.
-        max_points_per_centroid: fit on at most ``k *`` this many states (None: all).
-        save_memory_bank: also save the banks in checkpoints.
+        settings: the schedule and K-Means options (default `CentroidUpdateSettings()`: refit every epoch).
+        **options: `CentroidUpdateSettings` fields overriding ``settings``: ``update_every_epochs`` (None: no
+            epoch-based refits), ``update_every_steps``, ``memory_size`` (per layer and rank), ``min_states`` (all
+            ranks together), ``max_capture_per_forward``, ``backend``, ``num_iters``, ``seed``, ``bank_dtype`` (by
+            name), ``warm_start``, ``max_points_per_centroid``, ``save_memory_bank``.
     """
 
-    def __init__(
-        self,
-        update_every_epochs: int | None = 1,
-        update_every_steps: int | None = None,
-        memory_size: int = 100_000,
-        min_states: int | None = None,
-        max_capture_per_forward: int | None = None,
-        backend: str = "auto",
-        num_iters: int = 20,
-        seed: int = 0,
-        bank_dtype: str = "float16",
-        warm_start: bool = True,
-        max_points_per_centroid: int | None = None,
-        save_memory_bank: bool = False,
-    ):
-        for name, value in (("update_every_epochs", update_every_epochs), ("update_every_steps", update_every_steps)):
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be positive or None, got {value}.")
-        if not isinstance(getattr(torch, bank_dtype, None), torch.dtype):
-            raise ValueError(f"bank_dtype must name a torch dtype, got {bank_dtype!r}.")
-        self.settings = dict(
-            update_every_epochs=update_every_epochs,
-            update_every_steps=update_every_steps,
-            memory_size=memory_size,
-            min_states=min_states,
-            max_capture_per_forward=max_capture_per_forward,
-            backend=backend,
-            num_iters=num_iters,
-            seed=seed,
-            bank_dtype=bank_dtype,
-            warm_start=warm_start,
-            max_points_per_centroid=max_points_per_centroid,
-            save_memory_bank=save_memory_bank,
-        )
+    def __init__(self, settings: CentroidUpdateSettings | None = None, **options: Any):
+        self.settings = CentroidUpdateSettings.build(settings, **options)
         self.updater: CentroidUpdater | None = None
         self.last_update_step: int | None = None
         self.last_update_epoch: int = 0
@@ -112,7 +77,7 @@ class CentroidUpdateCallback(TrainerCallback, ExportableState):
     def state(self) -> dict:
         """Constructor arguments and progress, stored in ``trainer_state.json`` with every checkpoint."""
         return {
-            "args": dict(self.settings),
+            "args": asdict(self.settings),
             "attributes": {
                 "last_update_step": self.last_update_step,
                 "last_update_epoch": self.last_update_epoch,
@@ -148,32 +113,19 @@ class CentroidUpdateCallback(TrainerCallback, ExportableState):
         if model is None:
             raise ValueError("CentroidUpdateCallback needs the Trainer's model.")
         if not find_cluster_routers(model):
-            logger.warning(f"{type(model).__name__} has no K-Means cluster layers; CentroidUpdateCallback does nothing.")
+            logger.warning("%s has no K-Means cluster layers; CentroidUpdateCallback does nothing.", type(model).__name__)
             self.updater = None
             return
         if self.updater is None or self._model_id != id(model):
             if self.updater is not None:
                 self.updater.close()
-            a = self.settings
-            self.updater = CentroidUpdater(
-                model,
-                memory_size=a["memory_size"],
-                update_every=a["update_every_steps"],
-                min_states=a["min_states"],
-                max_capture_per_forward=a["max_capture_per_forward"],
-                bank_dtype=getattr(torch, a["bank_dtype"]),
-                backend=a["backend"],
-                num_iters=a["num_iters"],
-                seed=a["seed"],
-                warm_start=a["warm_start"],
-                max_points_per_centroid=a["max_points_per_centroid"],
-            )
+            self.updater = CentroidUpdater(model, self.settings)
             self._model_id = id(model)
         else:
             self.updater.attach()
         if state.global_step > 0:
             self._restore(state)
-            if self.settings["save_memory_bank"]:
+            if self.settings.save_memory_bank:
                 self._load_banks(args, state)
         else:
             self.last_update_step, self.last_update_epoch = None, 0
@@ -187,18 +139,15 @@ class CentroidUpdateCallback(TrainerCallback, ExportableState):
         stats = self.updater.step(state.global_step)
         if stats is not None:
             self._record(stats, args, state, control)
+        # An epoch's refit runs at its last step (or the training's), before that step's log and checkpoint, which
+        # the Trainer writes before on_epoch_end: a run resumed from that checkpoint continues like an uninterrupted one.
+        if float(state.epoch or 0).is_integer() or state.global_step >= state.max_steps > 0:
+            self._end_epoch(args, state, control)
 
     def on_epoch_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
-        every = self.settings["update_every_epochs"]
-        epoch = int(round(state.epoch or 0))
-        if self.updater is None or every is None or epoch - self.last_update_epoch < every:
-            return
-        if self.updater.last_update_step != state.global_step:
-            stats = self.updater.update()
-            if stats is None:
-                return  # not enough states yet: retry at the next epoch end
-            self._record(stats, args, state, control)
-        self.last_update_epoch = epoch
+        # Already done at the epoch's last step unless that step was not recognisable (an iterable dataset).
+        if self.updater is not None:
+            self._end_epoch(args, state, control)
 
     def on_log(
         self,
@@ -217,7 +166,7 @@ class CentroidUpdateCallback(TrainerCallback, ExportableState):
         self._pending = {}
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
-        if self.updater is None or not self.settings["save_memory_bank"]:
+        if self.updater is None or not self.settings.save_memory_bank:
             return
         folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
         os.makedirs(folder, exist_ok=True)
@@ -231,6 +180,19 @@ class CentroidUpdateCallback(TrainerCallback, ExportableState):
 
     # -- helpers -------------------------------------------------------------------------------------------------
 
+    def _end_epoch(self, args: TrainingArguments, state: TrainerState, control: TrainerControl) -> None:
+        """The epoch-based refit, when ``update_every_epochs`` epochs have ended since the last one."""
+        every = self.settings.update_every_epochs
+        epoch = int(round(state.epoch or 0))
+        if every is None or epoch - self.last_update_epoch < every:
+            return
+        if self.updater.last_update_step != state.global_step:
+            stats = self.updater.update()
+            if stats is None:
+                return  # not enough states yet: retry at the next epoch end
+            self._record(stats, args, state, control)
+        self.last_update_epoch = epoch
+
     def _record(
         self, stats: dict[int, ClusterStats], args: TrainingArguments, state: TrainerState, control: TrainerControl
     ) -> None:
@@ -240,15 +202,18 @@ class CentroidUpdateCallback(TrainerCallback, ExportableState):
         for index, layer_stats in stats.items():
             values.update(layer_stats.as_log(f"clusters/layer{index}/"))
         self.history.append({"step": state.global_step, "epoch": state.epoch or 0.0, **values})
-        self._pending = values
-        control.should_log = True
+        if state.log_history and state.log_history[-1].get("step") == state.global_step:
+            state.log_history[-1].update(values)  # this step's log is written already
+        else:
+            self._pending = values
+            control.should_log = True
         if state.is_world_process_zero:
             summary = ", ".join(
                 f"layer {i}: sizes {s.size_min}-{s.size_max}, entropy {s.normalized_entropy:.3f}, "
                 f"cos {s.mean_cosine:.3f} ({s.seconds:.2f} s, {s.backend})"
                 for i, s in stats.items()
             )
-            logger.info(f"Centroids updated at step {state.global_step}: {summary}")
+            logger.info("Centroids updated at step %d: %s", state.global_step, summary)
 
     def _load_banks(self, args: TrainingArguments, state: TrainerState) -> None:
         folders = [os.path.join(args.output_dir, f"checkpoint-{state.global_step}")]
@@ -259,4 +224,4 @@ class CentroidUpdateCallback(TrainerCallback, ExportableState):
             if os.path.isfile(path):
                 self.updater.load_banks_state_dict(load_file(path))
                 return
-        logger.warning(f"No saved memory bank found in {folders}; banks restart empty.")
+        logger.warning("No saved memory bank found in %s; banks restart empty.", folders)

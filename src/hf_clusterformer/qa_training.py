@@ -12,9 +12,9 @@ import json
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, make_dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
 
 import datasets
 from transformers import (
@@ -27,6 +27,7 @@ from transformers import (
 )
 
 from .callback import CentroidUpdateCallback
+from .centroid_updates import CentroidUpdateSettings
 from .configuration_clusterformer import ClusterFormerConfig
 from .data import build_longrange_tokenizer, build_tokenizer, load_longrange_dataset, load_multipassage_dataset
 from .data.longrange import squad_features
@@ -100,15 +101,36 @@ class DataArguments:
     max_answer_length: int = field(default=30, metadata={"help": "Longest answer in tokens."})
 
 
-@dataclass
-class CentroidArguments:
-    """When and how the cluster centroids are refitted (CentroidUpdateCallback)."""
+#: run_qa flag -> the `CentroidUpdateSettings` option it sets (defaults and help come from the settings).
+CENTROID_FLAGS = {
+    "centroid_update_steps": "update_every_steps",
+    "centroid_update_epochs": "update_every_epochs",
+    "memory_size": "memory_size",
+    "centroid_backend": "backend",
+    "max_capture_per_forward": "max_capture_per_forward",
+}
 
-    centroid_update_steps: int | None = field(default=None, metadata={"help": "Refit every N optimizer steps."})
-    centroid_update_epochs: float | None = field(default=1.0, metadata={"help": "Refit every N epochs."})
-    memory_size: int = field(default=100_000, metadata={"help": "States kept per cluster layer (paper: 100k)."})
-    centroid_backend: str = field(default="auto", metadata={"help": "auto, torch, faiss-cpu or faiss-gpu."})
-    max_capture_per_forward: int | None = field(default=None, metadata={"help": "Random states banked per forward and layer."})
+
+def _centroid_arguments() -> type:
+    """`CentroidArguments`: one field per entry of `CENTROID_FLAGS`, typed, defaulted and documented as its option."""
+    types = get_type_hints(CentroidUpdateSettings)
+    options = {f.name: f for f in fields(CentroidUpdateSettings)}
+    columns = [
+        (flag, types[name], field(default=options[name].default, metadata=dict(options[name].metadata)))
+        for flag, name in CENTROID_FLAGS.items()
+    ]
+
+    def settings(self) -> CentroidUpdateSettings:
+        """The `CentroidUpdateSettings` these flags describe."""
+        return CentroidUpdateSettings(**{name: getattr(self, flag) for flag, name in CENTROID_FLAGS.items()})
+
+    doc = "When and how the cluster centroids are refitted (CentroidUpdateCallback)."
+    return make_dataclass(
+        "CentroidArguments", columns, namespace={"settings": settings, "__doc__": doc, "__module__": __name__}
+    )
+
+
+CentroidArguments = _centroid_arguments()
 
 
 def parse_args(argv: list[str] | None = None, prog: str | None = None):
@@ -376,16 +398,7 @@ def run(
 
     all_callbacks = list(callbacks or [])
     if any(kind == "cluster" for kind in model.config.encoder_layer_kinds):
-        all_callbacks.append(
-            CentroidUpdateCallback(
-                update_every_epochs=centroid_args.centroid_update_epochs,
-                update_every_steps=centroid_args.centroid_update_steps,
-                memory_size=centroid_args.memory_size,
-                backend=centroid_args.centroid_backend,
-                max_capture_per_forward=centroid_args.max_capture_per_forward,
-                seed=training_args.seed,
-            )
-        )
+        all_callbacks.append(CentroidUpdateCallback(centroid_args.settings(), seed=training_args.seed))
     trainer = make_trainer(model, training_args, train_features, tokenizer, all_callbacks)
     if training_args.do_train:
         result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)

@@ -23,7 +23,7 @@ Xet and LFS are never advertised: the preupload answer is always ``regular``
 (so file contents arrive base64-encoded inside the commit payload) and
 downloads carry no ``X-Xet-Hash`` header, so clients use plain HTTP both ways.
 
-Run standalone with ``python tests/hub_server.py --root DIR --port N``.
+Run standalone with ``python tests/support/hub_server.py --root DIR --port N``.
 """
 
 from __future__ import annotations

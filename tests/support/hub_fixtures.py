@@ -1,6 +1,6 @@
 """Pytest fixtures and helpers for tests against real Hub-compatible servers.
 
-* :func:`hub_server` – the project's git-backed Hub server (``tests/hub_server.py``)
+* :func:`hub_server` – the project's git-backed Hub server (``tests/support/hub_server.py``)
   on 127.0.0.1, ephemeral port, fresh root directory per test.
 * :func:`olah_mirror` – an ``olah`` mirror process serving the same git repositories
   in offline mode; the test is skipped when ``olah`` is not installed.
@@ -12,7 +12,7 @@ Client code always runs in a subprocess: ``huggingface_hub`` reads ``HF_ENDPOINT
 directory and offline setting needs a fresh interpreter. The servers run in (or
 are started from) the pytest process.
 
-Use them from ``tests/conftest.py`` with ``pytest_plugins = ["hub_fixtures"]``.
+Use them from ``tests/conftest.py`` with ``pytest_plugins = ["support.hub_fixtures"]``.
 """
 
 from __future__ import annotations
@@ -31,10 +31,7 @@ from pathlib import Path
 
 import pytest
 
-try:
-    from hub_server import HubServer, serve_hub
-except ImportError:  # imported as part of a ``tests`` package
-    from .hub_server import HubServer, serve_hub
+from .hub_server import HubServer, serve_hub
 
 __all__ = [
     "HubServer",

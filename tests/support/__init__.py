@@ -1,0 +1,1 @@
+"""Test support code: a git-backed Hub-compatible server and the pytest fixtures around it."""

@@ -205,11 +205,12 @@ def main() -> None:
                 if peer in results and "clusterformer" in results:
                     speedup = results[peer][0] / results["clusterformer"][0]
                     print(f"{length:>7} {mode}: clusterformer is {speedup:.2f}x {peer}'s tokens/s")
-    if args.json:
-        meta = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "dtype": str(dtype),
-                "hidden": args.hidden, "layers": args.layers, "cluster_layers": config.cluster_layers, "torch": torch.__version__}
-        with open(args.json, "w") as handle:
-            json.dump({"meta": meta, "rows": rows}, handle, indent=1)
+        if args.json:  # after every length, so that a run cut short keeps what it measured
+            meta = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "dtype": str(dtype),
+                    "hidden": args.hidden, "layers": args.layers, "cluster_layers": config.cluster_layers,
+                    "torch": torch.__version__}
+            with open(args.json, "w") as handle:
+                json.dump({"meta": meta, "rows": rows}, handle, indent=1)
 
 
 if __name__ == "__main__":

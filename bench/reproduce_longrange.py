@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from hf_clusterformer import ClusterFormerForQuestionAnswering
-from hf_clusterformer.clustering import CentroidUpdater
+from hf_clusterformer.centroid_updates import CentroidUpdater
 from hf_clusterformer.data.longrange import generate_longrange_dataset
 from hf_clusterformer.features import prepare_train_features, prepare_validation_features
 from hf_clusterformer.hub import convert_checkpoint
@@ -286,6 +286,9 @@ def evaluate(model, tokenizer, records: list[dict], preset: Preset, device, dtyp
     return result
 
 
+_TRAIN_DATA: dict[tuple, list[dict]] = {}
+
+
 def run_one(variant: str, seed: int, preset: Preset, source: Path, work: Path, device: torch.device, dtype,
             threads: int | None) -> dict:
     """Fine-tune one variant with one seed through every stage, then evaluate it."""
@@ -313,10 +316,16 @@ def run_one(variant: str, seed: int, preset: Preset, source: Path, work: Path, d
     log = []
     generator = torch.Generator().manual_seed(seed)
     for stage in preset.stages:
-        records = []
-        for kind, options in stage.data.items():
-            records += generate(kind, options, preset.train_samples, f"{stage.name}-train", seed, preset.num_facts)
-        data = encode_train(records, tokenizer)
+        key = (stage.name, seed, str(init.parent))
+        if key not in _TRAIN_DATA:  # runs of one seed share their data (and its tokenization)
+            needed = min(preset.train_samples, -(-stage.steps * stage.batch_size // len(stage.data)))
+            records = []
+            for kind, options in stage.data.items():
+                records += generate(kind, options, needed, f"{stage.name}-train", seed, preset.num_facts)
+            for stale in [k for k in _TRAIN_DATA if k[1:] != key[1:]]:
+                del _TRAIN_DATA[stale]
+            _TRAIN_DATA[key] = encode_train(records, tokenizer)
+        data = _TRAIN_DATA[key]
         trained = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(trained, lr=stage.learning_rate, weight_decay=0.01)
         warmup = max(1, stage.steps // 20)

@@ -355,7 +355,7 @@ class ClusterRouter(Float32BuffersModule):
         self.num_clusters = config.num_clusters
         self.layer_index = layer_index
         self.seed = config.centroid_seed + layer_index
-        self.shape = (config.num_clusters, config.hidden_size)
+        self._shape = (config.num_clusters, config.hidden_size)
         self.register_buffer("centroids", self.initial_centroids())
         self.register_buffer("fitted", torch.zeros((), dtype=torch.bool))
         self._warned = False
@@ -366,7 +366,7 @@ class ClusterRouter(Float32BuffersModule):
         Drawn on the CPU (the same values on every device) and returned on the default device.
         """
         generator = torch.Generator().manual_seed(self.seed)
-        vectors = torch.randn(self.shape, generator=generator, device="cpu")
+        vectors = torch.randn(self._shape, generator=generator, device="cpu")
         return order_centroids_greedy(F.normalize(vectors, dim=-1)).to(torch.get_default_device())
 
     def forward(self, states: torch.Tensor, representative: torch.Tensor) -> torch.Tensor:
@@ -391,13 +391,13 @@ class LSHRouter(Float32BuffersModule):
         super().__init__()
         self.num_clusters = config.num_clusters
         self.seed = config.centroid_seed + layer_index
-        self.shape = (config.hidden_size, config.num_clusters // 2)
+        self._shape = (config.hidden_size, config.num_clusters // 2)
         self.register_buffer("hash_vectors", self.initial_hash_vectors())
 
     def initial_hash_vectors(self) -> torch.Tensor:
         """Seeded Gaussian projections, drawn on the CPU and returned on the default device: (d, p / 2)."""
         generator = torch.Generator().manual_seed(self.seed)
-        return torch.randn(self.shape, generator=generator, device="cpu").to(torch.get_default_device())
+        return torch.randn(self._shape, generator=generator, device="cpu").to(torch.get_default_device())
 
     def forward(self, states: torch.Tensor, representative: torch.Tensor) -> torch.Tensor:
         """Bucket ids: (B, L, d), (B, L) bool -> (B, L) long, p for non-representative slots."""

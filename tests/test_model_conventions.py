@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from transformers import PretrainedConfig
 
 from hf_clusterformer import ClusterFormerConfig, ClusterFormerForQuestionAnswering, ClusterFormerModel
 from hf_clusterformer.configuration_clusterformer import required_position_embeddings
@@ -144,16 +145,19 @@ def test_layer_types_and_their_shortcuts_stay_in_sync(tmp_path):
     with pytest.raises(ValueError, match="one per layer"):
         ClusterFormerConfig(num_hidden_layers=3, layer_types=["sliding", "cluster"])
 
-    # a config saved before layer_types existed loads, and from_pretrained overrides reach layer_types
+    # saved as the shortcuts (configs from before layer_types read the same), which transformers' generic config
+    # loading accepts; a saved layer_types loads too; from_pretrained overrides reach layer_types
     model = ClusterFormerForQuestionAnswering(tiny_config(**ALL_TYPES))
     model.save_pretrained(tmp_path)
     path = tmp_path / "config.json"
     saved = json.loads(path.read_text())
-    assert saved["layer_types"] == ["sliding", "cluster", "lsh", "sparse"] and saved["cluster_layers"] == [1, 2, 3]
-    del saved["layer_types"]
-    path.write_text(json.dumps(saved))
+    assert "layer_types" not in saved and saved["cluster_layers"] == [1, 2, 3]
+    assert saved["global_layer_type"] == ["cluster", "lsh", "sparse"]
+    PretrainedConfig.from_json_file(path)
     loaded = ClusterFormerForQuestionAnswering.from_pretrained(tmp_path)
     assert loaded.config.layer_types == ["sliding", "cluster", "lsh", "sparse"]
+    path.write_text(json.dumps({**saved, "layer_types": ["sliding", "cluster", "lsh", "sparse"]}))
+    assert ClusterFormerConfig.from_pretrained(tmp_path).global_layer_type == ["cluster", "lsh", "sparse"]
     overridden = ClusterFormerForQuestionAnswering.from_pretrained(tmp_path, global_layer_type=["lsh", "lsh"], cluster_layers=[1, 3])
     assert overridden.config.layer_types == ["sliding", "lsh", "sliding", "lsh"]
     assert sorted(overridden.roberta.encoder.routers) == ["1", "3"]

@@ -148,6 +148,14 @@ class ClusterFormerConfig(RobertaConfig):
         if types:
             self.__dict__["global_layer_type"] = types[0] if len(set(types)) == 1 else types
 
+    def to_dict(self) -> dict:
+        """The config as a dict; ``layer_types`` is saved as its shortcuts ``cluster_layers`` and
+        ``global_layer_type``, which spell every list of types. transformers checks a saved ``layer_types``
+        against its own attention types when it reads a config generically (e.g. ``Trainer`` resuming)."""
+        output = super().to_dict()
+        output.pop("layer_types", None)
+        return output
+
     @property
     def global_layers(self) -> list[int]:
         """0-based indices of the global (cluster, LSH or sparse) layers."""

@@ -35,6 +35,7 @@ from transformers import (
 )
 
 from hf_clusterformer import ClusterFormerConfig, ClusterFormerModel
+from hf_clusterformer.configuration_clusterformer import QUESTION_PREFIX_SPECIAL_TOKENS
 from hf_clusterformer.modeling_clusterformer import count_windows
 
 
@@ -158,7 +159,7 @@ def main() -> None:
         question = torch.randint(4, 50000, (args.question,))
         context = torch.randint(4, 50000, (length - args.question - 4,))
         ids = torch.cat([torch.tensor([0]), question, torch.tensor([2, 2]), context, torch.tensor([2])]).unsqueeze(0).to(device)
-        prefix = args.question + 3
+        prefix = args.question + QUESTION_PREFIX_SPECIAL_TOKENS
         windows = count_windows(ids.shape[1] - prefix, config.window_size, config.window_stride)
         starts = torch.arange(windows) * config.window_stride
         floor_ids = torch.full((windows, prefix + config.window_size), 1, dtype=torch.long)

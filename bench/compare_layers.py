@@ -39,6 +39,7 @@ from safetensors.torch import load_file
 from transformers import TrainingArguments, set_seed
 
 from hf_clusterformer import ClusterFormerConfig, ClusterFormerForQuestionAnswering
+from hf_clusterformer.configuration_clusterformer import required_position_embeddings
 from hf_clusterformer.data import build_longrange_tokenizer, generate_longrange_dataset
 from hf_clusterformer.qa_training import CentroidArguments, DataArguments, ModelArguments, run
 
@@ -152,7 +153,8 @@ def initial_checkpoint(args: argparse.Namespace, variant: Variant, seed: int, to
     config = ClusterFormerConfig(
         vocab_size=len(tokenizer), hidden_size=args.hidden_size, num_hidden_layers=args.num_hidden_layers,
         num_attention_heads=args.num_attention_heads, intermediate_size=4 * args.hidden_size,
-        max_position_embeddings=args.window_size + QUESTION_TOKENS + 3 + 2, type_vocab_size=1,
+        max_position_embeddings=required_position_embeddings(QUESTION_TOKENS, args.window_size, tokenizer.pad_token_id),
+        type_vocab_size=1,
         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         initializer_range=args.initializer_range, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
         cluster_layers=variant.layers, global_layer_type=variant.kind, num_clusters=variant.num_clusters,

@@ -254,8 +254,8 @@ def evaluate(model, tokenizer, records: list[dict], preset: Preset, device, dtyp
     columns = {key: [r[key] for r in records] for key in ("id", "question", "context")}
     features = prepare_validation_features(columns, tokenizer, max_length=1 << 20)
     correct, shared = 0, []
-    cluster_positions = [i for i, t in enumerate(model.config.encoder_layer_kinds) if t != "sliding"]
-    has_router = any(t == "cluster" for t in model.config.encoder_layer_kinds)
+    cluster_positions = [i for i, t in enumerate(model.config.layer_types) if t != "sliding"]
+    has_router = any(t == "cluster" for t in model.config.layer_types)
     model.eval()
     for begin in range(0, len(records), batch_size):
         rows = range(begin, min(begin + batch_size, len(records)))
@@ -307,7 +307,7 @@ def run_one(variant: str, seed: int, preset: Preset, source: Path, work: Path, d
         frozen = [model.roberta.embeddings, *model.roberta.encoder.layer[: preset.frozen_layers]]
         for module in frozen:
             module.requires_grad_(False)
-    has_router = any(t == "cluster" for t in model.config.encoder_layer_kinds)
+    has_router = any(t == "cluster" for t in model.config.layer_types)
     updater = None
     if has_router:
         updater = CentroidUpdater(model, memory_size=preset.memory_size, update_every=preset.centroid_update_steps,

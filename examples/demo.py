@@ -30,6 +30,7 @@ from transformers import TrainingArguments, set_seed
 
 from hf_clusterformer import CentroidUpdateCallback, ClusterFormerConfig, ClusterFormerForQuestionAnswering
 from hf_clusterformer import pipeline as qa_pipeline
+from hf_clusterformer.configuration_clusterformer import required_position_embeddings
 from hf_clusterformer.data import build_longrange_tokenizer, generate_longrange_dataset, squad_features
 from hf_clusterformer.features import prepare_train_features
 from hf_clusterformer.hub import save_for_hub
@@ -75,7 +76,7 @@ def make_config(args: argparse.Namespace, tokenizer, cluster_layers: list[int]) 
         num_hidden_layers=args.num_hidden_layers,
         num_attention_heads=4,
         intermediate_size=4 * args.hidden_size,
-        max_position_embeddings=args.window_size + question_tokens + 3 + 2,
+        max_position_embeddings=required_position_embeddings(question_tokens, args.window_size, tokenizer.pad_token_id),
         type_vocab_size=1,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,

@@ -5,8 +5,18 @@ from __future__ import annotations
 from huggingface_hub.dataclasses import strict
 from transformers import RobertaConfig
 
-#: Layer kinds that can replace a sliding-window layer (paper §3.2, §4.3).
+#: Type of the layers that attend within one window (paper eq. 1-3).
+SLIDING_LAYER_TYPE = "sliding"
+#: Types of the global layers, which attend across windows (paper §3.2, §4.3): K-Means "cluster" layers, LSH
+#: layers and sparse layers.
 GLOBAL_LAYER_TYPES = ("cluster", "lsh", "sparse")
+#: Every value `ClusterFormerConfig.layer_types` may hold.
+LAYER_TYPES = (SLIDING_LAYER_TYPE, *GLOBAL_LAYER_TYPES)
+#: Special tokens around the question in the longest question prefix ``<s> Q </s></s>``; a BERT prefix
+#: ``[CLS] Q [SEP]`` has one fewer.
+QUESTION_PREFIX_SPECIAL_TOKENS = 3
+#: Special tokens of the longest pair encoding ``<s> Q </s></s> C </s>``.
+PAIR_SPECIAL_TOKENS = QUESTION_PREFIX_SPECIAL_TOKENS + 1
 
 #: The paper puts Cluster-Former layers at layers 15 and 20 of the 24-layer RoBERTa-large.
 _PAPER_DEPTH = 24
@@ -30,6 +40,16 @@ def default_cluster_layers(num_hidden_layers: int) -> list[int]:
     return sorted(scaled)
 
 
+def required_position_embeddings(max_question_length: int, window_size: int, pad_token_id: int | None = 1) -> int:
+    """Position embeddings a window ``<s> Q </s></s> C[window]`` needs: ``pad + 1 + (q + 3) + l``.
+
+    RoBERTa positions start at ``pad_token_id + 1`` (2 for RoBERTa's padding index 1), so RoBERTa configs need
+    ``max_position_embeddings >= q + 3 + l + 2``.
+    """
+    first_position = (pad_token_id if pad_token_id is not None else 0) + 1
+    return first_position + max_question_length + QUESTION_PREFIX_SPECIAL_TOKENS + window_size
+
+
 @strict
 class ClusterFormerConfig(RobertaConfig):
     r"""RoBERTa configuration with Cluster-Former's window and cluster options.
@@ -38,15 +58,16 @@ class ClusterFormerConfig(RobertaConfig):
 
     window_size (`int`, defaults to 256): tokens of context per sliding window (the paper's ``l``).
     window_stride (`int`, defaults to 224): step between windows (``m``), ``0 < m <= l``; also the
-        chunk length of the cluster layers.
-    cluster_layers (`list[int]`, *optional*): 0-based encoder layer indices that are global
-        (cluster/LSH/sparse) layers; all others are sliding-window layers. Defaults to
-        [`default_cluster_layers`] of the depth (``[15, 20]`` for 24 layers). ``[]`` gives a plain
-        sliding-window model.
-    global_layer_type (`str` or `list[str]`, defaults to ``"cluster"``): what each of
-        ``cluster_layers`` is: ``"cluster"`` (K-Means centroids), ``"lsh"`` (random hyperplane
-        buckets, Reformer-style) or ``"sparse"`` (attention across windows at equal in-window
-        position). One value for all, or one per entry of ``cluster_layers``.
+        chunk length of the global layers that sort into chunks.
+    layer_types (`list[str]`, *optional*): the type of every encoder layer: ``"sliding"`` (attention
+        within each window) or a global layer type: ``"cluster"`` (K-Means centroids), ``"lsh"``
+        (random hyperplane buckets, Reformer-style) or ``"sparse"`` (attention across windows at equal
+        in-window position). Defaults to what ``cluster_layers`` and ``global_layer_type`` give.
+    cluster_layers (`list[int]`, *optional*): shortcut for ``layer_types``: 0-based indices of the global
+        layers; all others are sliding. Defaults to [`default_cluster_layers`] of the depth (``[15, 20]``
+        for 24 layers); ``[]`` gives a plain sliding-window model. Kept in sync with ``layer_types``.
+    global_layer_type (`str` or `list[str]`, defaults to ``"cluster"``): shortcut for ``layer_types``: the
+        type of each of ``cluster_layers``, one for all or one per entry. Kept in sync with ``layer_types``.
     num_clusters (`int`, defaults to 64): centroids per cluster layer (buckets per LSH layer).
     max_question_length (`int`, defaults to 64): question tokens allowed, without special tokens.
     max_context_length (`int`, defaults to 131072): context tokens allowed in one forward pass.
@@ -69,32 +90,126 @@ class ClusterFormerConfig(RobertaConfig):
     centroid_seed: int = 0
     use_answerability_head: bool = False
     pair_token_types: bool = False
+    layer_types: list[str] | None = None  # after the shortcuts: assigning it rewrites them (see __setattr__)
 
     def __post_init__(self, **kwargs):
-        if self.cluster_layers is None:
-            self.cluster_layers = default_cluster_layers(self.num_hidden_layers)
+        if self.layer_types is None:
+            if self.cluster_layers is None:
+                self.__dict__["cluster_layers"] = default_cluster_layers(self.num_hidden_layers)
+            self.__dict__["layer_types"] = self._layer_types_from_shortcuts()
         else:
-            if not all(isinstance(i, int) and not isinstance(i, bool) for i in self.cluster_layers):
-                raise ValueError(f"cluster_layers must be a list of layer indices, got {self.cluster_layers!r}.")
-            self.cluster_layers = sorted(set(self.cluster_layers))
+            given = self.cluster_layers
+            self._shortcuts_from_layer_types()
+            if given is not None and sorted(set(given)) != self.cluster_layers:
+                raise ValueError(
+                    f"cluster_layers {given} disagrees with layer_types {self.layer_types}; give only one of them."
+                )
         self._validate_cluster_options()
         super().__post_init__(**kwargs)
 
+    def __setattr__(self, key, value):
+        # Assigning layer_types or one of its shortcuts (e.g. from_pretrained(..., cluster_layers=[2])) keeps
+        # the other side in sync once the config exists. Shortcuts that do not fit together yet (one type per
+        # layer, for another number of layers) leave layer_types as it is until they do; validation names them.
+        syncing = key in ("layer_types", "cluster_layers", "global_layer_type") and self.__dict__.get("layer_types") is not None
+        super().__setattr__(key, value)
+        if not syncing:
+            return
+        if key == "layer_types":
+            self._shortcuts_from_layer_types()
+        elif self._shortcuts_fit():
+            self.__dict__["layer_types"] = self._layer_types_from_shortcuts()
+
+    def _shortcuts_fit(self) -> bool:
+        """``global_layer_type`` gives one type, or one per entry of ``cluster_layers``."""
+        return isinstance(self.global_layer_type, str) or len(self.global_layer_type) == len(self.cluster_layers or [])
+
+    def _layer_types_from_shortcuts(self) -> list[str]:
+        """``layer_types`` spelled by ``cluster_layers`` and ``global_layer_type``."""
+        if not all(isinstance(i, int) and not isinstance(i, bool) for i in self.cluster_layers):
+            raise ValueError(f"cluster_layers must be a list of layer indices, got {self.cluster_layers!r}.")
+        self.__dict__["cluster_layers"] = layers = sorted(set(self.cluster_layers))
+        types = self.global_layer_type
+        types = [types] * len(layers) if isinstance(types, str) else list(types)
+        result = [SLIDING_LAYER_TYPE] * self.num_hidden_layers
+        for index, layer_type in zip(layers, types):
+            if 0 <= index < self.num_hidden_layers:  # out-of-range indices are reported by validation
+                result[index] = layer_type
+        return result
+
+    def _shortcuts_from_layer_types(self) -> None:
+        """Rewrite ``cluster_layers`` and ``global_layer_type`` from ``layer_types``."""
+        if not isinstance(self.layer_types, (list, tuple)) or any(t not in LAYER_TYPES for t in self.layer_types):
+            raise ValueError(f"layer_types must be a list of {LAYER_TYPES}, got {self.layer_types!r}.")
+        self.__dict__["layer_types"] = list(self.layer_types)
+        global_layers = [i for i, t in enumerate(self.layer_types) if t != SLIDING_LAYER_TYPE]
+        types = [self.layer_types[i] for i in global_layers]
+        self.__dict__["cluster_layers"] = global_layers
+        if types:
+            self.__dict__["global_layer_type"] = types[0] if len(set(types)) == 1 else types
+
+    def to_dict(self) -> dict:
+        """The config as a dict; ``layer_types`` is saved as its shortcuts ``cluster_layers`` and
+        ``global_layer_type``, which spell every list of types. transformers checks a saved ``layer_types``
+        against its own attention types when it reads a config generically (e.g. ``Trainer`` resuming)."""
+        output = super().to_dict()
+        output.pop("layer_types", None)
+        return output
+
+    @property
+    def global_layers(self) -> list[int]:
+        """0-based indices of the global (cluster, LSH or sparse) layers."""
+        return [i for i, layer_type in enumerate(self.layer_types) if layer_type != SLIDING_LAYER_TYPE]
+
     @property
     def encoder_layer_kinds(self) -> list[str]:
-        """Kind of every encoder layer: ``"sliding"`` or one of `GLOBAL_LAYER_TYPES`."""
-        kinds = self.global_layer_type
-        if isinstance(kinds, str):
-            kinds = [kinds] * len(self.cluster_layers)
-        types = ["sliding"] * self.num_hidden_layers
-        for index, kind in zip(self.cluster_layers, kinds):
-            types[index] = kind
-        return types
+        """Deprecated alias of ``layer_types``."""
+        return self.layer_types
+
+    @property
+    def separator_token_id(self) -> int:
+        """The token that ends the question: ``sep_token_id``, else ``eos_token_id`` (RoBERTa's ``</s>``)."""
+        sep = getattr(self, "sep_token_id", None)
+        sep = self.eos_token_id if sep is None else sep
+        return sep[0] if isinstance(sep, (list, tuple)) else sep
 
     @property
     def question_prefix_limit(self) -> int:
         """Longest question prefix ``<s> Q </s></s>`` in tokens."""
-        return self.max_question_length + 3
+        return self.max_question_length + QUESTION_PREFIX_SPECIAL_TOKENS
+
+    @property
+    def max_input_length(self) -> int:
+        """Longest pair encoding ``<s> Q </s></s> C </s>`` accepted: ``q + c + 4`` tokens."""
+        return self.max_question_length + self.max_context_length + PAIR_SPECIAL_TOKENS
+
+    def check_input_lengths(self, question_tokens: int, context_tokens: int, where: str = "the input") -> None:
+        """Raise `ValueError` unless ``where`` has a question of at most ``max_question_length`` tokens and a
+        non-empty context of at most ``max_context_length`` tokens (both without special tokens)."""
+        if question_tokens > self.max_question_length:
+            raise ValueError(
+                f"the question of {where} has {question_tokens} tokens, more than max_question_length="
+                f"{self.max_question_length}; shorten the question or use a model with a larger max_question_length "
+                "(max_question_length + 3 + window_size must fit max_position_embeddings - 2)."
+            )
+        if context_tokens <= 0:
+            raise ValueError(f"{where} has an empty context; give a non-empty context after the question.")
+        if context_tokens > self.max_context_length:
+            raise ValueError(
+                f"the context of {where} has {context_tokens} tokens, more than max_context_length="
+                f"{self.max_context_length}; truncate it or raise max_context_length."
+            )
+
+    def validate_layer_type(self):
+        """``layer_types`` holds one of `LAYER_TYPES` per encoder layer (replaces transformers' check of its own
+        attention types)."""
+        if not isinstance(self.layer_types, list) or any(t not in LAYER_TYPES for t in self.layer_types):
+            raise ValueError(f"layer_types must be a list of {LAYER_TYPES}, got {self.layer_types!r}.")
+        if len(self.layer_types) != self.num_hidden_layers:
+            raise ValueError(
+                f"layer_types lists {len(self.layer_types)} types for {self.num_hidden_layers} encoder layers; "
+                "give one per layer."
+            )
 
     def validate_architecture(self):
         super().validate_architecture()
@@ -119,18 +234,24 @@ class ClusterFormerConfig(RobertaConfig):
                     f"cluster_layers holds {index}, outside the {self.num_hidden_layers} encoder layers "
                     f"(valid: 0..{self.num_hidden_layers - 1})."
                 )
-        kinds = [self.global_layer_type] if isinstance(self.global_layer_type, str) else self.global_layer_type
-        for kind in kinds:
-            if kind not in GLOBAL_LAYER_TYPES:
-                raise ValueError(f"global_layer_type {kind!r} is unknown; choose from {GLOBAL_LAYER_TYPES}.")
-        if not isinstance(self.global_layer_type, str) and len(kinds) != len(self.cluster_layers or []):
+        types = [self.global_layer_type] if isinstance(self.global_layer_type, str) else self.global_layer_type
+        for layer_type in types:
+            if layer_type not in GLOBAL_LAYER_TYPES:
+                raise ValueError(f"global_layer_type {layer_type!r} is unknown; choose from {GLOBAL_LAYER_TYPES}.")
+        self.validate_layer_type()
+        if not self._shortcuts_fit():
             raise ValueError(
-                f"global_layer_type lists {len(kinds)} types but cluster_layers has "
+                f"global_layer_type lists {len(types)} types but cluster_layers has "
                 f"{len(self.cluster_layers or [])} entries; give one type or one per cluster layer."
+            )
+        if self.layer_types != self._layer_types_from_shortcuts():
+            raise ValueError(
+                f"layer_types {self.layer_types} disagrees with cluster_layers {self.cluster_layers} and "
+                f"global_layer_type {self.global_layer_type!r}; set layer_types alone."
             )
         if self.num_clusters < 1:
             raise ValueError(f"num_clusters must be at least 1, got {self.num_clusters}.")
-        if "lsh" in kinds and self.num_clusters % 2:
+        if "lsh" in self.layer_types and self.num_clusters % 2:
             raise ValueError(f"num_clusters must be even for LSH layers (buckets = ±projections), got {self.num_clusters}.")
         if self.max_question_length < 1:
             raise ValueError(f"max_question_length must be at least 1, got {self.max_question_length}.")
@@ -143,8 +264,7 @@ class ClusterFormerConfig(RobertaConfig):
         Checked when a model is built (not in the config, so a RoBERTa config can be loaded first and its
         window options set after).
         """
-        first_position = (self.pad_token_id if self.pad_token_id is not None else 0) + 1
-        needed = first_position + self.question_prefix_limit + self.window_size
+        needed = required_position_embeddings(self.max_question_length, self.window_size, self.pad_token_id)
         if needed > self.max_position_embeddings:
             raise ValueError(
                 f"max_question_length ({self.max_question_length}) + 3 special tokens + window_size "
@@ -153,4 +273,13 @@ class ClusterFormerConfig(RobertaConfig):
             )
 
 
-__all__ = ["ClusterFormerConfig", "GLOBAL_LAYER_TYPES", "default_cluster_layers"]
+__all__ = [
+    "ClusterFormerConfig",
+    "GLOBAL_LAYER_TYPES",
+    "LAYER_TYPES",
+    "PAIR_SPECIAL_TOKENS",
+    "QUESTION_PREFIX_SPECIAL_TOKENS",
+    "SLIDING_LAYER_TYPE",
+    "default_cluster_layers",
+    "required_position_embeddings",
+]

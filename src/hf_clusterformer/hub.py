@@ -32,7 +32,7 @@ from transformers.dynamic_module_utils import get_imports
 
 from .configuration_clusterformer import ClusterFormerConfig
 from .modeling_clusterformer import ClusterFormerForQuestionAnswering, ClusterFormerModel
-from .pipeline import TASK, required_model_max_length
+from .pipeline import TASK
 
 __all__ = [
     "CODE_FILES",
@@ -102,7 +102,7 @@ def prepare_for_hub(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase |
     type(model).register_for_auto_class("AutoModelForQuestionAnswering" if question_answering else "AutoModel")
     model.config.auto_map = {**(getattr(model.config, "auto_map", None) or {}), **hub_auto_map(question_answering)}
     if tokenizer is not None:
-        needed = required_model_max_length(model.config)
+        needed = model.config.max_input_length
         if (tokenizer.model_max_length or 0) < needed:
             tokenizer.model_max_length = needed
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .modeling_clusterformer import ClusterFormerPreTrainedModel
+from .modeling_clusterformer import ClusterFormerPreTrainedModel, locate_question_prefix
 
 
 @dataclass
@@ -145,7 +145,7 @@ def inspect_clusters(
         layer: encoder layer index of a cluster/LSH layer (default: the first one).
     """
     config = model.config
-    global_layers = [i for i, kind in enumerate(config.encoder_layer_kinds) if kind in ("cluster", "lsh")]
+    global_layers = [i for i, layer_type in enumerate(config.layer_types) if layer_type in ("cluster", "lsh")]
     if not global_layers:
         raise ValueError("This model has no cluster or LSH layers to inspect (config.cluster_layers is empty).")
     if layer is None:
@@ -169,8 +169,7 @@ def inspect_clusters(
     token_index = outputs.window_token_index[0].cpu()  # (K, S)
     slots = token_index.shape[1]
     tokens = tokenizer.convert_ids_to_tokens(encoding["input_ids"][0])
-    separator = (encoding["input_ids"][0] == config.eos_token_id).nonzero()[0].item()
-    prefix = separator + 2
+    prefix = int(locate_question_prefix(encoding["input_ids"] == config.separator_token_id)[0][0])
     report = ClusterReport(layer=layer, chunk_size=config.window_stride)
     order = torch.sort(ids.masked_fill(ids < 0, torch.iinfo(ids.dtype).max), stable=True).indices
     for rank, flat in enumerate(order.tolist()):  # clustered states sort first, so rank // m is their chunk

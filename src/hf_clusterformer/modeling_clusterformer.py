@@ -9,8 +9,9 @@ Reading guide, top to bottom:
    back by scattering with the same permutation (`sort_into_chunks`, `unsort_from_chunks`).
 3. Routers map states to ids: `ClusterRouter` (cosine argmax against K-Means centroids, paper eq. 4) and
    `LSHRouter` (random hyperplanes, Reformer). `order_centroids_greedy` is the paper's GetCentroids ordering.
-4. `ClusterFormerModel` runs RoBERTa's embeddings per window and then every encoder layer as a sliding-window
-   layer (eq. 1-3), a cluster/LSH layer (eq. 4-8) or a sparse cross-window layer, each as ONE batched call.
+4. `ClusterFormerModel` locates the question prefix (`locate_question_prefix`), runs RoBERTa's embeddings per
+   window, and `ClusterFormerEncoder` runs every encoder layer by its type: a sliding-window layer (eq. 1-3), a
+   cluster/LSH layer (eq. 4-8) or a sparse cross-window layer, each as ONE batched call.
 
 Shapes: B batch, T input length, K windows per example, S slots per window (longest question prefix + l),
 L = K * S flat slots, d hidden size, m window stride (= chunk length), p number of clusters.
@@ -38,9 +39,9 @@ from transformers.models.roberta.modeling_roberta import (
 from transformers.utils import logging
 
 try:  # package import
-    from .configuration_clusterformer import ClusterFormerConfig
+    from .configuration_clusterformer import QUESTION_PREFIX_SPECIAL_TOKENS, ClusterFormerConfig
 except ImportError:  # Hub copy loaded with trust_remote_code
-    from configuration_clusterformer import ClusterFormerConfig
+    from configuration_clusterformer import QUESTION_PREFIX_SPECIAL_TOKENS, ClusterFormerConfig
 
 logger = logging.get_logger(__name__)
 
@@ -89,6 +90,34 @@ class WindowLayout:
         return self.token_index.shape[2]
 
 
+def locate_question_prefix(
+    is_separator: torch.Tensor, starts: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Find the question prefix of pair encodings from their separators.
+
+    The prefix ends at the first separator, plus the next token when it is a separator too, so both
+    ``<s> Q </s></s> C </s>`` (RoBERTa) and ``[CLS] Q [SEP] C [SEP]`` (BERT) work. The question is what lies
+    between the first token and the first separator.
+
+    Args:
+        is_separator: (B, T) bool, real tokens that are the separator.
+        starts: optional (B,) long, index of each row's first real token (left padding); default 0.
+
+    Returns:
+        prefix_lengths: (B,) long, tokens of the question prefix.
+        question_lengths: (B,) long, question tokens without special tokens.
+        found: (B,) bool, the row has a separator (the other values of rows without one mean nothing).
+    """
+    length = is_separator.shape[1]
+    positions = torch.arange(length, device=is_separator.device)
+    first = torch.where(is_separator, positions, length).min(dim=1).values  # (B,)
+    next_is_sep = torch.gather(is_separator, 1, (first + 1).clamp(max=length - 1).unsqueeze(1)).squeeze(1)
+    next_is_sep = next_is_sep & (first + 1 < length)
+    if starts is not None:
+        first = first - starts
+    return first + 1 + next_is_sep.long(), first - 1, is_separator.any(dim=1)
+
+
 def build_window_layout(
     prefix_lengths: torch.Tensor,
     lengths: torch.Tensor,
@@ -97,6 +126,7 @@ def build_window_layout(
     num_windows: int,
     prefix_width: int,
     padding_idx: int = 1,
+    starts: torch.Tensor | None = None,
 ) -> WindowLayout:
     """Lay out sliding windows ``[prefix; context[m*k : m*k + l]]`` for a batch.
 
@@ -108,6 +138,7 @@ def build_window_layout(
         num_windows: K, windows per example (at least `count_windows` of the longest context).
         prefix_width: longest prefix in the batch; S = prefix_width + l.
         padding_idx: RoBERTa's padding index; positions start at ``padding_idx + 1``.
+        starts: optional (B,) index of each example's first token (left padding); default 0.
 
     Returns:
         `WindowLayout` with (B, K, S) tensors. Example b has ``count_windows(c_b, l, m)`` windows, the last one
@@ -127,6 +158,8 @@ def build_window_layout(
     is_context = (offset >= 0) & (offset < window_size) & (context_position < context_length) & window_exists
     valid = (in_prefix & window_exists) | is_context
     token_index = torch.where(in_prefix, slots.view(1, 1, -1), prefix + context_position)
+    if starts is not None:
+        token_index = token_index + starts.view(-1, 1, 1)
     token_index = torch.where(valid, token_index, torch.zeros_like(token_index))
     last_window = windows.view(1, -1, 1) == windows_per_example - 1
     owner = is_context & ((offset < window_stride) | last_window)
@@ -183,7 +216,7 @@ def share_context_states(window_states: torch.Tensor, layout: WindowLayout, sour
 
 
 def sort_into_chunks(
-    states: torch.Tensor, ids: torch.Tensor, chunk_size: int, sentinel: int
+    states: torch.Tensor, ids: torch.Tensor, chunk_size: int, sentinel: int, num_chunks: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Stably sort states by (id, position) and cut them into uniform chunks (paper eq. 6-7).
 
@@ -192,20 +225,23 @@ def sort_into_chunks(
         ids: (B, L) long cluster ids; slots with ``sentinel`` (the largest id) sort last and are marked invalid.
         chunk_size: m.
         sentinel: id of slots that take no part.
+        num_chunks: C, the leading chunks to keep (enough for every row's non-sentinel slots); default all,
+            ``ceil(L / m)``. Chunks after them hold only sentinel slots.
 
     Returns:
-        chunks: (B * C, m, d) with C = ceil(L / m);
+        chunks: (B * C, m, d);
         chunk_valid: (B * C, m) bool;
         order: (B, C * m) long, the flat slot each chunk position came from (the sorting permutation,
         padded with indices >= L that point at appended empty slots).
     """
     batch, length, hidden = states.shape
-    num_chunks = max(1, math.ceil(length / chunk_size))
-    padded = num_chunks * chunk_size
+    total_chunks = max(1, math.ceil(length / chunk_size))
+    num_chunks = total_chunks if num_chunks is None else max(1, min(num_chunks, total_chunks))
+    padded = total_chunks * chunk_size
     if padded > length:
         ids = F.pad(ids, (0, padded - length), value=sentinel)
         states = F.pad(states, (0, 0, 0, padded - length))
-    order = torch.sort(ids, dim=1, stable=True).indices  # (B, C*m)
+    order = torch.sort(ids, dim=1, stable=True).indices[:, : num_chunks * chunk_size]  # (B, C*m)
     sorted_states = torch.gather(states, 1, order.unsqueeze(-1).expand(-1, -1, hidden))
     chunk_valid = torch.gather(ids, 1, order) != sentinel
     return (
@@ -215,12 +251,25 @@ def sort_into_chunks(
     )
 
 
-def unsort_from_chunks(chunks: torch.Tensor, order: torch.Tensor, length: int) -> torch.Tensor:
-    """Invert `sort_into_chunks` by scattering (eq. 8): (B * C, m, d) -> (B, L, d)."""
-    batch, padded = order.shape
+def unsort_from_chunks(
+    chunks: torch.Tensor, order: torch.Tensor, length: int, fill: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Invert `sort_into_chunks` by scattering (eq. 8): (B * C, m, d) -> (B, L, d).
+
+    ``fill`` (B, L, d) gives the slots that no kept chunk holds; needed when `sort_into_chunks` kept fewer
+    than all chunks.
+    """
+    batch, kept = order.shape
     hidden = chunks.shape[-1]
-    flat = chunks.reshape(batch, padded, hidden)
-    restored = torch.empty_like(flat).scatter_(1, order.unsqueeze(-1).expand(-1, -1, hidden), flat)
+    flat = chunks.reshape(batch, kept, hidden)
+    padded = max(kept, math.ceil(length / max(1, chunks.shape[1])) * chunks.shape[1])
+    if fill is None:
+        if kept < length:
+            raise ValueError(f"unsort_from_chunks got {kept} of {length} slots; pass fill for the others.")
+        base = torch.empty_like(flat)
+    else:
+        base = F.pad(fill, (0, 0, 0, padded - length))
+    restored = base.scatter(1, order.unsqueeze(-1).expand(-1, -1, hidden), flat)
     return restored[:, :length]
 
 
@@ -278,13 +327,19 @@ def order_centroids_greedy(centroids: torch.Tensor) -> torch.Tensor:
 
 
 class Float32BuffersModule(nn.Module):
-    """Keeps floating buffers in fp32 through ``model.to(dtype)`` / ``.half()``; devices still follow."""
+    """Keeps floating buffers in fp32 through ``model.to(dtype)`` / ``.half()``; devices still follow.
+
+    A buffer that a conversion turned into another dtype is taken again from its fp32 original (no round trip
+    through the lower precision); conversions that keep fp32 (device moves, ``to_empty``) stand as they are.
+    """
 
     def _apply(self, fn, recurse=True):
         kept = {name: b for name, b in self._buffers.items() if b is not None and b.is_floating_point()}
         result = super()._apply(fn, recurse)
         for name, original in kept.items():
-            self._buffers[name] = original.to(device=self._buffers[name].device, dtype=torch.float32)
+            converted = self._buffers[name]
+            if converted.dtype != torch.float32:
+                self._buffers[name] = original.to(device=converted.device, dtype=torch.float32)
         return result
 
 
@@ -300,15 +355,19 @@ class ClusterRouter(Float32BuffersModule):
         self.num_clusters = config.num_clusters
         self.layer_index = layer_index
         self.seed = config.centroid_seed + layer_index
-        self.register_buffer("centroids", torch.zeros(config.num_clusters, config.hidden_size, dtype=torch.float32))
+        self._shape = (config.num_clusters, config.hidden_size)
+        self.register_buffer("centroids", self.initial_centroids())
         self.register_buffer("fitted", torch.zeros((), dtype=torch.bool))
         self._warned = False
 
     def initial_centroids(self) -> torch.Tensor:
-        """Seeded random unit vectors in GetCentroids order (Algorithm 1, ``GetCentroids(RandomVector)``): (p, d)."""
+        """Seeded random unit vectors in GetCentroids order (Algorithm 1, ``GetCentroids(RandomVector)``): (p, d).
+
+        Drawn on the CPU (the same values on every device) and returned on the default device.
+        """
         generator = torch.Generator().manual_seed(self.seed)
-        vectors = torch.randn(self.centroids.shape, generator=generator)
-        return order_centroids_greedy(F.normalize(vectors, dim=-1))
+        vectors = torch.randn(self._shape, generator=generator, device="cpu")
+        return order_centroids_greedy(F.normalize(vectors, dim=-1)).to(torch.get_default_device())
 
     def forward(self, states: torch.Tensor, representative: torch.Tensor) -> torch.Tensor:
         """Cluster ids of the representative slots: (B, L, d), (B, L) bool -> (B, L) long, p for the rest."""
@@ -332,11 +391,13 @@ class LSHRouter(Float32BuffersModule):
         super().__init__()
         self.num_clusters = config.num_clusters
         self.seed = config.centroid_seed + layer_index
-        self.register_buffer("hash_vectors", torch.zeros(config.hidden_size, config.num_clusters // 2, dtype=torch.float32))
+        self._shape = (config.hidden_size, config.num_clusters // 2)
+        self.register_buffer("hash_vectors", self.initial_hash_vectors())
 
     def initial_hash_vectors(self) -> torch.Tensor:
-        """Seeded Gaussian projections: (d, p / 2)."""
-        return torch.randn(self.hash_vectors.shape, generator=torch.Generator().manual_seed(self.seed))
+        """Seeded Gaussian projections, drawn on the CPU and returned on the default device: (d, p / 2)."""
+        generator = torch.Generator().manual_seed(self.seed)
+        return torch.randn(self._shape, generator=generator, device="cpu").to(torch.get_default_device())
 
     def forward(self, states: torch.Tensor, representative: torch.Tensor) -> torch.Tensor:
         """Bucket ids: (B, L, d), (B, L) bool -> (B, L) long, p for non-representative slots."""
@@ -355,37 +416,203 @@ class ClusterFormerLayer(RobertaLayer):
     """`RobertaLayer` (same parameter names) that also returns its attention weights."""
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs):
-        """(N, S, d), mask (N, 1, S, S) -> ((N, S, d), attention weights (N, h, S, S) or None)."""
+        """(N, S, d), mask (N, 1, S, S) -> ((N, S, d), attention weights (N, h, S, S) or None).
+
+        With ``config.chunk_size_feed_forward`` set, the feed-forward block runs on pieces of that many slots (the
+        last one may be shorter; slot counts vary by layer type), which bounds its activations, not its outputs.
+        """
         attention_output, attention_weights = self.attention(hidden_states, attention_mask, **kwargs)
-        return self.feed_forward_chunk(attention_output), attention_weights
+        chunk = self.chunk_size_feed_forward
+        if not chunk or attention_output.shape[self.seq_len_dim] <= chunk:
+            return self.feed_forward_chunk(attention_output), attention_weights
+        pieces = attention_output.split(chunk, dim=self.seq_len_dim)
+        return torch.cat([self.feed_forward_chunk(piece) for piece in pieces], dim=self.seq_len_dim), attention_weights
+
+
+class LayerMasks:
+    """The attention masks and routed-slot facts of one forward pass, built on first use and shared by layers.
+
+    Args:
+        layout: the batch's `WindowLayout` (B, K, S).
+        dtype: dtype of the attention scores.
+        implementation: ``config._attn_implementation``.
+        chunk_size: m, chunk length of the routed (cluster/LSH) layers.
+    """
+
+    def __init__(self, layout: WindowLayout, dtype: torch.dtype, implementation: str | None, chunk_size: int):
+        self.layout = layout
+        self.dtype = dtype
+        self.implementation = implementation
+        self.chunk_size = chunk_size
+        self._cache: dict[str, torch.Tensor | int] = {}
+
+    def _cached(self, name: str, build):
+        if name not in self._cache:
+            self._cache[name] = build()
+        return self._cache[name]
+
+    @property
+    def window(self) -> torch.Tensor:
+        """Mask of the sliding-window layers over (B * K, S) slots."""
+        valid = self.layout.valid
+        return self._cached("window", lambda: bidirectional_mask(valid.view(-1, valid.shape[-1]), self.dtype, self.implementation))
+
+    @property
+    def across(self) -> torch.Tensor:
+        """Mask of the sparse layers over (B * S, K) slots at equal in-window position."""
+        valid = self.layout.valid
+        return self._cached(
+            "across",
+            lambda: bidirectional_mask(valid.transpose(1, 2).reshape(-1, valid.shape[1]), self.dtype, self.implementation),
+        )
+
+    @property
+    def representative(self) -> torch.Tensor:
+        """(B, L) bool, the slots a routed layer sorts: every window's question copy and each context token once."""
+        layout = self.layout
+        return self._cached(
+            "representative", lambda: (layout.valid & (~layout.is_context | layout.owner)).view(layout.valid.shape[0], -1)
+        )
+
+    @property
+    def routed_chunks(self) -> int:
+        """Chunks a routed layer runs per example: enough for the example with the most representative slots."""
+        return self._cached("routed_chunks", lambda: math.ceil(int(self.representative.sum(dim=1).max()) / self.chunk_size))
+
+    def chunk(self, chunk_valid: torch.Tensor) -> torch.Tensor:
+        """Mask of the routed layers over (B * C, m) chunks; the same for all of them (representatives sort first)."""
+        return self._cached("chunk", lambda: bidirectional_mask(chunk_valid, self.dtype, self.implementation))
+
+
+@dataclass
+class ClusterFormerEncoderOutput(ModelOutput):
+    """Outputs of `ClusterFormerEncoder`.
+
+    last_hidden_state: (B, K, S, d) window states after the last layer.
+    hidden_states, attentions, cluster_assignments: see `ClusterFormerModelOutput`.
+    """
+
+    last_hidden_state: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor | None, ...] | None = None
+    cluster_assignments: tuple[torch.Tensor, ...] | None = None
 
 
 class ClusterFormerEncoder(nn.Module):
-    """RoBERTa's layer stack (``layer.{i}``) plus one router per cluster/LSH layer (``routers.{i}``)."""
+    """RoBERTa's layer stack (``layer.{i}``) plus one router per cluster/LSH layer (``routers.{i}``).
+
+    `forward` runs every layer by its entry of ``config.layer_types``: `sliding_layer`, `sparse_layer` or
+    `routed_layer` (cluster and LSH layers differ only in their router).
+    """
+
+    #: The method that runs each layer type.
+    STEPS = {"sliding": "sliding_layer", "sparse": "sparse_layer", "cluster": "routed_layer", "lsh": "routed_layer"}
 
     def __init__(self, config: ClusterFormerConfig):
         super().__init__()
         self.config = config
         self.layer = nn.ModuleList([ClusterFormerLayer(config, layer_idx=i) for i in range(config.num_hidden_layers)])
-        self.layer_kinds = config.encoder_layer_kinds
+        self.layer_types = list(config.layer_types)
         routers = {}
-        for index, kind in enumerate(self.layer_kinds):
-            if kind == "cluster":
+        for index, layer_type in enumerate(self.layer_types):
+            if layer_type == "cluster":
                 routers[str(index)] = ClusterRouter(config, index)
-            elif kind == "lsh":
+            elif layer_type == "lsh":
                 routers[str(index)] = LSHRouter(config, index)
         self.routers = nn.ModuleDict(routers)
+
+    def sliding_layer(
+        self, index: int, states: torch.Tensor, layout: WindowLayout, masks: LayerMasks, length: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Attention within every window, then every context token the mean of its copies (eq. 1-3).
+
+        (B, K, S, d) -> ((B, K, S, d), weights (B * K, h, S, S) or None, None).
+        """
+        batch, windows, slots, hidden = states.shape
+        out, weights = self.layer[index](states.view(-1, slots, hidden), masks.window)
+        return share_context_states(out.view_as(states), layout, layout.is_context, length), weights, None
+
+    def sparse_layer(
+        self, index: int, states: torch.Tensor, layout: WindowLayout, masks: LayerMasks, length: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Attention across windows over the states at the same in-window slot (the paper's Sparse Attention).
+
+        (B, K, S, d) -> ((B, K, S, d), weights (B * S, h, K, K) or None, None).
+        """
+        batch, windows, slots, hidden = states.shape
+        across = states.transpose(1, 2).reshape(-1, windows, hidden)  # (B*S, K, d)
+        out, weights = self.layer[index](across, masks.across)
+        out = out.view(batch, slots, windows, hidden).transpose(1, 2)
+        return share_context_states(out, layout, layout.is_context, length), weights, None
+
+    def routed_layer(
+        self, index: int, states: torch.Tensor, layout: WindowLayout, masks: LayerMasks, length: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """Route the representative slots to ids, sort them into chunks of m, attend within chunks, put back (eq. 4-8).
+
+        Only chunks holding a representative slot run; the other slots keep their input states and take no part
+        (repeated context copies take their owner's state, padding stays padding).
+
+        (B, K, S, d) -> ((B, K, S, d), weights (B * C, h, m, m) or None, ids (B, L) with -1 for slots that took
+        no part).
+        """
+        batch, _, _, hidden = states.shape
+        flat = states.reshape(batch, -1, hidden)
+        router = self.routers[str(index)]
+        ids = router(flat, masks.representative)
+        chunks, chunk_valid, order = sort_into_chunks(flat, ids, masks.chunk_size, router.num_clusters, masks.routed_chunks)
+        out, weights = self.layer[index](chunks, masks.chunk(chunk_valid))
+        flat_out = unsort_from_chunks(out, order, flat.shape[1], fill=flat).view_as(states)
+        states = share_context_states(flat_out, layout, layout.owner, length)
+        return states, weights, ids.masked_fill(~masks.representative, -1)
+
+    def forward(
+        self,
+        states: torch.Tensor,
+        layout: WindowLayout,
+        length: int,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+        output_cluster_assignments: bool = False,
+    ) -> ClusterFormerEncoderOutput:
+        """Run the layers over embedded windows.
+
+        Args:
+            states: (B, K, S, d) window embeddings.
+            layout: their `WindowLayout`.
+            length: T, the input length (for token-aligned hidden states).
+            output_hidden_states / output_attentions / output_cluster_assignments: extra outputs.
+
+        Returns:
+            `ClusterFormerEncoderOutput` with (B, K, S, d) ``last_hidden_state``.
+        """
+        masks = LayerMasks(layout, states.dtype, self.config._attn_implementation, self.config.window_stride)
+        all_hidden = (windows_to_tokens(states, layout, layout.valid, length),) if output_hidden_states else None
+        all_attentions = () if output_attentions else None
+        assignments = () if output_cluster_assignments else None
+        for index, layer_type in enumerate(self.layer_types):
+            states, weights, ids = getattr(self, self.STEPS[layer_type])(index, states, layout, masks, length)
+            if output_hidden_states:
+                all_hidden = all_hidden + (windows_to_tokens(states, layout, layout.valid, length),)
+            if output_attentions:
+                all_attentions = all_attentions + (weights,)
+            if output_cluster_assignments and ids is not None:
+                assignments = assignments + (ids,)
+        return ClusterFormerEncoderOutput(
+            last_hidden_state=states, hidden_states=all_hidden, attentions=all_attentions, cluster_assignments=assignments
+        )
 
 
 @dataclass
 class ClusterFormerModelOutput(ModelOutput):
     """Outputs of `ClusterFormerModel`.
 
-    last_hidden_state: (B, T, d) aligned with ``input_ids``; context tokens merged over windows, question tokens the
+    last_hidden_state: (B, T, d) aligned with the input; context tokens merged over windows, question tokens the
         mean of their per-window copies, padding zeros.
     pooler_output: (B, d) the mean of the windows' ``<s>`` states (through RoBERTa's pooler when present).
     hidden_states: optional tuple of (B, T, d), embeddings and every layer, aligned like ``last_hidden_state``.
-    attentions: optional tuple per layer of (N, h, S, S) in that layer's own layout (windows, chunks or positions).
+    attentions: optional tuple per layer of (N, h, S, S) in that layer's own layout (windows, chunks or positions);
+        None entries under attention implementations that return no weights (sdpa).
     cluster_assignments: optional tuple per cluster/LSH layer of (B, L) ids over flat window slots, -1 where the slot
         took no part (padding or a repeated context copy).
     window_token_index: optional (B, K, S) input position of every window slot, -1 for empty slots; flattened to
@@ -395,21 +622,32 @@ class ClusterFormerModelOutput(ModelOutput):
     last_hidden_state: torch.Tensor | None = None
     pooler_output: torch.Tensor | None = None
     hidden_states: tuple[torch.Tensor, ...] | None = None
-    attentions: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor | None, ...] | None = None
     cluster_assignments: tuple[torch.Tensor, ...] | None = None
     window_token_index: torch.Tensor | None = None
 
 
 class ClusterFormerPreTrainedModel(RobertaPreTrainedModel):
-    """Weight initialisation and loading shared by the Cluster-Former models."""
+    """Weight initialisation and loading shared by the Cluster-Former models.
+
+    Router buffers (centroids, hash vectors) stay fp32 under any ``dtype``: ``_keep_in_fp32_modules_strict``
+    names the routers when the model has any.
+    """
 
     config_class = ClusterFormerConfig
     config: ClusterFormerConfig
     _supports_flash_attn = False
     _supports_flex_attn = False
     _supports_attention_backend = False
-    _keep_in_fp32_modules = ["routers"]
+    _keep_in_fp32_modules_strict = ["routers"]
+    # Hidden states are token-aligned means over window copies, which no module returns: they are built in
+    # ClusterFormerEncoder.forward, not recorded by transformers' output-capture hooks.
     _can_record_outputs = None
+
+    def __init__(self, config: ClusterFormerConfig, *inputs, **kwargs):
+        super().__init__(config, *inputs, **kwargs)
+        if not any(layer_type in ("cluster", "lsh") for layer_type in config.layer_types):
+            self._keep_in_fp32_modules_strict = []  # no routers to keep
 
     def _init_weights(self, module):
         if isinstance(module, ClusterRouter):
@@ -452,6 +690,7 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
     _no_split_modules = ["RobertaEmbeddings", "ClusterFormerLayer"]
 
     def __init__(self, config: ClusterFormerConfig, add_pooling_layer: bool = True):
+        config.validate_architecture()  # options set after the config was built (from_pretrained overrides)
         config.check_position_budget()
         super().__init__(config)
         self.config = config
@@ -467,74 +706,82 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
     def set_input_embeddings(self, value):
         self.embeddings.word_embeddings = value
 
-    # -- input checks -------------------------------------------------------------------------------------------
+    # -- input contract -----------------------------------------------------------------------------------------
 
-    def _sequence_lengths(
+    def _locate_inputs(
         self,
-        input_ids: torch.Tensor,
+        input_ids: torch.Tensor | None,
+        inputs_embeds: torch.Tensor | None,
         attention_mask: torch.Tensor | None,
         question_lengths: torch.Tensor | list[int] | None,
-    ) -> tuple[list[int], list[int]]:
-        """Validate the batch and return per-example (prefix lengths, real lengths) as Python ints."""
+    ) -> tuple[list[int], list[int], torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Validate the batch and locate every example in it.
+
+        Args:
+            input_ids: (B, T) or None; inputs_embeds: (B, T, d) or None (exactly one of them).
+            attention_mask: optional (B, T); one block of ones per row (right or left padding).
+            question_lengths: optional (B,) question prefix lengths.
+
+        Returns:
+            Per example, as Python ints: prefix lengths and real lengths (prefix + context); and as (B,) long
+            tensors: prefix lengths, real lengths and the index of the first real token.
+        """
         config = self.config
-        if input_ids.dim() != 2:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("ClusterFormerModel needs exactly one of input_ids and inputs_embeds; pass one of them.")
+        if input_ids is not None and input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}.")
+        if inputs_embeds is not None and inputs_embeds.dim() != 3:
+            raise ValueError(f"inputs_embeds must be (batch, length, hidden), got shape {tuple(inputs_embeds.shape)}.")
+        reference = input_ids if input_ids is not None else inputs_embeds[..., 0]
+        batch, length = reference.shape
+        device = reference.device
         if attention_mask is None:
-            attention_mask = input_ids.ne(config.pad_token_id) if config.pad_token_id is not None else torch.ones_like(input_ids)
-        if attention_mask.shape != input_ids.shape:
+            if input_ids is not None and config.pad_token_id is not None:
+                attention_mask = input_ids.ne(config.pad_token_id)
+            else:
+                attention_mask = torch.ones(batch, length, dtype=torch.bool, device=device)
+        if attention_mask.shape != reference.shape:
             raise ValueError(
-                f"attention_mask has shape {tuple(attention_mask.shape)} but input_ids has {tuple(input_ids.shape)}; "
-                "pass the attention_mask the tokenizer returned with these input_ids."
+                f"attention_mask has shape {tuple(attention_mask.shape)} but the input has {tuple(reference.shape)}; "
+                "pass the attention_mask the tokenizer returned with these inputs."
             )
         mask = attention_mask.bool()
         lengths = mask.sum(dim=1)
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
-        right_padded = (mask == (positions < lengths.unsqueeze(1))).all(dim=1)
+        positions = torch.arange(length, device=device)
+        starts = torch.where(mask, positions, length).min(dim=1).values.clamp(max=length - 1)
+        one_block = (mask == ((positions >= starts.unsqueeze(1)) & (positions < (starts + lengths).unsqueeze(1)))).all(dim=1)
+        sep = config.separator_token_id
+        if input_ids is not None:
+            is_sep = input_ids == sep
+        else:  # separators are the rows equal to the separator's word embedding
+            is_sep = (inputs_embeds == self.embeddings.word_embeddings.weight[sep].to(inputs_embeds.dtype)).all(dim=-1)
+        is_sep = is_sep & mask
         if question_lengths is None:
-            sep = config.sep_token_id if getattr(config, "sep_token_id", None) is not None else config.eos_token_id
-            if isinstance(sep, (list, tuple)):
-                sep = sep[0]
-            is_sep = (input_ids == sep) & mask
-            has_sep = is_sep.any(dim=1)
-            first = torch.where(is_sep, positions, input_ids.shape[1]).min(dim=1).values
-            next_is_sep = torch.gather(is_sep, 1, (first + 1).clamp(max=input_ids.shape[1] - 1).unsqueeze(1)).squeeze(1)
-            prefix = first + 1 + next_is_sep.long()
+            prefix, question, found = locate_question_prefix(is_sep, starts)
         else:
-            prefix = torch.as_tensor(question_lengths, device=input_ids.device).view(-1)
-            has_sep = torch.ones_like(right_padded)
-            if prefix.shape[0] != input_ids.shape[0]:
-                raise ValueError(f"question_lengths has {prefix.shape[0]} entries for a batch of {input_ids.shape[0]}.")
-        last_token = torch.gather(input_ids, 1, (lengths - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
-        ends_with_sep = last_token == (config.eos_token_id if not isinstance(config.eos_token_id, list) else config.eos_token_id[0])
-        stats = torch.stack([prefix, lengths, right_padded.long(), has_sep.long(), ends_with_sep.long()]).tolist()
-        prefixes, totals, padded_ok, sep_ok, sep_end = stats
-        for row in range(input_ids.shape[0]):
-            if not padded_ok[row]:
-                raise ValueError(
-                    f"attention_mask row {row} is not right-padded (ones then zeros); pad on the right "
-                    "(tokenizer padding_side='right')."
-                )
-            if not sep_ok[row]:
-                raise ValueError(
-                    f"input_ids row {row} has no separator token, so the question cannot be found; encode inputs as "
-                    "tokenizer(question, context) or pass question_lengths."
-                )
-            question = prefixes[row] - 3
-            if question > config.max_question_length or prefixes[row] > config.question_prefix_limit:
-                raise ValueError(
-                    f"the question of row {row} has {question} tokens, more than config.max_question_length="
-                    f"{config.max_question_length}; shorten the question or load the model with a larger "
-                    "max_question_length (max_question_length + 3 + window_size must fit max_position_embeddings - 2)."
-                )
-            context = totals[row] - prefixes[row]
-            if context - sep_end[row] <= 0:
-                raise ValueError(f"row {row} has an empty context; give a non-empty context after the question.")
-            if context > config.max_context_length:
-                raise ValueError(
-                    f"the context of row {row} has {context} tokens, more than config.max_context_length="
-                    f"{config.max_context_length}; truncate it or raise max_context_length."
-                )
-        return prefixes, totals
+            prefix = torch.as_tensor(question_lengths, device=device).view(-1)
+            if prefix.shape[0] != batch:
+                raise ValueError(f"question_lengths has {prefix.shape[0]} entries for a batch of {batch}.")
+            question, found = prefix - QUESTION_PREFIX_SPECIAL_TOKENS, torch.ones_like(one_block)
+        last = (starts + lengths - 1).clamp(min=0).unsqueeze(1)
+        context = lengths - prefix - torch.gather(is_sep, 1, last).squeeze(1).long()  # without the closing separator
+        stats = torch.stack([prefix, lengths, question, context, one_block.long(), found.long()]).tolist()
+        prefixes, totals, questions, contexts, one_block_ok, found_ok = stats
+        if not all(one_block_ok):
+            raise ValueError(
+                f"attention_mask row {one_block_ok.index(0)} mixes padding into the tokens; pad on one side only "
+                "(right-padded or left-padded, as tokenizers do)."
+            )
+        if not all(found_ok):
+            what = "input_ids" if input_ids is not None else "inputs_embeds"
+            raise ValueError(
+                f"{what} row {found_ok.index(0)} has no separator token, so the question cannot be found; encode inputs "
+                "as tokenizer(question, context) or pass question_lengths."
+            )
+        for row in {questions.index(max(questions)), contexts.index(min(contexts)), contexts.index(max(contexts))}:
+            config.check_input_lengths(questions[row], contexts[row], where=f"row {row}")
+        return prefixes, totals, prefix, lengths, starts
 
     # -- forward ------------------------------------------------------------------------------------------------
 
@@ -548,106 +795,77 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
         output_attentions: bool | None = None,
         output_cluster_assignments: bool = False,
         return_dict: bool | None = None,
+        inputs_embeds: torch.Tensor | None = None,
         **kwargs,
     ) -> ClusterFormerModelOutput | tuple:
         r"""
         Args:
-            input_ids: (B, T) pair encodings ``<s> Q </s></s> C </s>``, right-padded.
+            input_ids: (B, T) pair encodings ``<s> Q </s></s> C </s>`` (or ``[CLS] Q [SEP] C [SEP]``), padded on
+                one side.
             attention_mask: (B, T) 1 for real tokens, 0 for padding.
             token_type_ids: optional (B, T); by default 0, or with ``config.pair_token_types`` 0 for the question
                 prefix and 1 for the context (BERT's pair template).
             question_lengths: optional (B,) length of the question prefix ``<s> Q </s></s>`` in tokens. By default it
                 ends at the first separator and the separator right after it.
             output_hidden_states / output_attentions / output_cluster_assignments: extra outputs.
+            inputs_embeds: (B, T, d) word embeddings instead of ``input_ids``; positions restart in every window as
+                for ids. Separators are found where a row equals the separator's embedding, or pass
+                ``question_lengths``.
 
         Returns:
             `ClusterFormerModelOutput`.
         """
         config = self.config
-        if input_ids is None:
-            raise ValueError("ClusterFormerModel needs input_ids (the question is located through its separator tokens).")
-        unsupported = set(kwargs) - {"position_ids", "inputs_embeds", "cache", "use_cache", "past_key_values"}
+        unsupported = set(kwargs) - {"position_ids", "cache", "use_cache", "past_key_values"}
         if unsupported:
             raise TypeError(f"ClusterFormerModel.forward got unexpected arguments {sorted(unsupported)}.")
-        if kwargs.get("inputs_embeds") is not None or kwargs.get("position_ids") is not None:
-            raise ValueError("inputs_embeds and position_ids are not supported: positions restart in every window.")
+        if kwargs.get("position_ids") is not None:
+            raise ValueError("position_ids are not supported: positions restart in every window; leave them out.")
         output_hidden_states = config.output_hidden_states if output_hidden_states is None else output_hidden_states
         output_attentions = config.output_attentions if output_attentions is None else output_attentions
         return_dict = config.return_dict if return_dict is None else return_dict
         if output_attentions and config._attn_implementation != "eager":
-            raise ValueError(
-                "output_attentions=True needs the eager attention implementation; load the model with "
-                "attn_implementation='eager' or call model.set_attn_implementation('eager')."
+            logger.warning_once(
+                f"The {config._attn_implementation} attention implementation returns no attention weights, so "
+                "`attentions` holds None for every layer; load the model with attn_implementation='eager' for them."
             )
 
-        prefixes, totals = self._sequence_lengths(input_ids, attention_mask, question_lengths)
-        batch, length = input_ids.shape
+        prefixes, totals, prefix, lengths, starts = self._locate_inputs(input_ids, inputs_embeds, attention_mask, question_lengths)
         stride, size = config.window_stride, config.window_size
         num_windows = max(count_windows(t - p, size, stride) for p, t in zip(prefixes, totals))
-        device = input_ids.device
         layout = build_window_layout(
-            torch.tensor(prefixes, device=device),
-            torch.tensor(totals, device=device),
-            size,
-            stride,
-            num_windows,
-            max(prefixes),
-            padding_idx=config.pad_token_id,
+            prefix, lengths, size, stride, num_windows, max(prefixes), padding_idx=config.pad_token_id, starts=starts
         )
-        _, windows, slots = layout.token_index.shape
+        batch, windows, slots = layout.token_index.shape
+        length = (input_ids if input_ids is not None else inputs_embeds).shape[1]
 
-        window_ids = torch.gather(input_ids, 1, layout.token_index.view(batch, -1)).view(batch, windows, slots)
-        window_ids = window_ids.masked_fill(~layout.valid, config.pad_token_id)
+        flat_index = layout.token_index.view(batch, -1)
+        window_ids = window_embeds = window_types = None
+        if input_ids is not None:
+            window_ids = torch.gather(input_ids, 1, flat_index).view(batch, windows, slots)
+            window_ids = window_ids.masked_fill(~layout.valid, config.pad_token_id).view(-1, slots)
+        else:
+            window_embeds = tokens_to_windows(inputs_embeds, layout).view(batch * windows, slots, -1)
         if token_type_ids is not None:
-            window_types = torch.gather(token_type_ids, 1, layout.token_index.view(batch, -1)).view(-1, slots)
+            window_types = torch.gather(token_type_ids, 1, flat_index).view(-1, slots)
         elif config.pair_token_types:  # BERT's pair types: 0 for the question prefix, 1 for the context
             window_types = layout.is_context.long().view(-1, slots)
-        else:
-            window_types = None
         states = self.embeddings(
-            input_ids=window_ids.view(-1, slots), position_ids=layout.position_ids.view(-1, slots), token_type_ids=window_types
+            input_ids=window_ids,
+            position_ids=layout.position_ids.view(-1, slots),
+            token_type_ids=window_types,
+            inputs_embeds=window_embeds,
         ).view(batch, windows, slots, -1)
 
-        hidden = states.shape[-1]
-        implementation = config._attn_implementation
-        window_mask = bidirectional_mask(layout.valid.view(-1, slots), states.dtype, implementation)
-        all_hidden = (windows_to_tokens(states, layout, layout.valid, length),) if output_hidden_states else None
-        all_attentions = () if output_attentions else None
-        assignments = () if output_cluster_assignments else None
-        sparse_mask = chunk_mask = None
-        # the states a cluster/LSH layer sorts: every window's question copy and each context token once
-        representative = (layout.valid & (~layout.is_context | layout.owner)).view(batch, -1)
-
-        for index, layer in enumerate(self.encoder.layer):
-            kind = self.encoder.layer_kinds[index]
-            if kind == "sliding":
-                out, weights = layer(states.view(-1, slots, hidden), window_mask)
-                states = share_context_states(out.view_as(states), layout, layout.is_context, length)
-            elif kind == "sparse":
-                # Attention across windows over the states at the same in-window slot (paper's Sparse Attention).
-                across = states.transpose(1, 2).reshape(-1, windows, hidden)  # (B*S, K, d)
-                if sparse_mask is None:
-                    sparse_mask = bidirectional_mask(layout.valid.transpose(1, 2).reshape(-1, windows), states.dtype, implementation)
-                out, weights = layer(across, sparse_mask)
-                out = out.view(batch, slots, windows, hidden).transpose(1, 2)
-                states = share_context_states(out, layout, layout.is_context, length)
-            else:
-                flat = states.reshape(batch, -1, hidden)
-                router = self.encoder.routers[str(index)]
-                ids = router(flat, representative)
-                chunks, chunk_valid, order = sort_into_chunks(flat, ids, stride, router.num_clusters)
-                if chunk_mask is None:  # the same for every cluster/LSH layer: each row's representatives sort first
-                    chunk_mask = bidirectional_mask(chunk_valid, chunks.dtype, implementation)
-                out, weights = layer(chunks, chunk_mask)
-                flat_out = unsort_from_chunks(out, order, flat.shape[1]).view_as(states)
-                states = share_context_states(flat_out, layout, layout.owner, length)
-                if output_cluster_assignments:
-                    assignments = assignments + (ids.masked_fill(~representative, -1),)
-            if output_hidden_states:
-                all_hidden = all_hidden + (windows_to_tokens(states, layout, layout.valid, length),)
-            if output_attentions:
-                all_attentions = all_attentions + (weights,)
-
+        encoded = self.encoder(
+            states,
+            layout,
+            length,
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+            output_cluster_assignments=output_cluster_assignments,
+        )
+        states = encoded.last_hidden_state
         sequence_output = windows_to_tokens(states, layout, layout.valid, length)
         window_exists = layout.valid[:, :, 0].unsqueeze(-1).to(states.dtype)  # (B, K, 1)
         window_starts = (states[:, :, 0] * window_exists).sum(1) / window_exists.sum(1)  # (B, d)
@@ -656,9 +874,9 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
         result = ClusterFormerModelOutput(
             last_hidden_state=sequence_output,
             pooler_output=pooled,
-            hidden_states=all_hidden,
-            attentions=all_attentions,
-            cluster_assignments=assignments,
+            hidden_states=encoded.hidden_states,
+            attentions=encoded.attentions,
+            cluster_assignments=encoded.cluster_assignments,
             window_token_index=token_index,
         )
         return result if return_dict else result.to_tuple()
@@ -711,11 +929,13 @@ class ClusterFormerForQuestionAnswering(ClusterFormerPreTrainedModel):
         output_attentions: bool | None = None,
         output_cluster_assignments: bool = False,
         return_dict: bool | None = None,
+        inputs_embeds: torch.Tensor | None = None,
         **kwargs,
     ) -> ClusterFormerQuestionAnsweringOutput | tuple:
         r"""
         Args:
-            input_ids, attention_mask, token_type_ids, question_lengths: see `ClusterFormerModel.forward`.
+            input_ids, attention_mask, token_type_ids, question_lengths, inputs_embeds: see
+                `ClusterFormerModel.forward`.
             start_positions, end_positions: (B,) token indices of the answer span; out-of-range values are ignored.
             answerable_labels: (B,) 1 if the context holds an answer, 0 if not (needs ``use_answerability_head``).
 
@@ -732,6 +952,7 @@ class ClusterFormerForQuestionAnswering(ClusterFormerPreTrainedModel):
             output_attentions=output_attentions,
             output_cluster_assignments=output_cluster_assignments,
             return_dict=True,
+            inputs_embeds=inputs_embeds,
             **kwargs,
         )
         logits = self.qa_outputs(outputs.last_hidden_state)

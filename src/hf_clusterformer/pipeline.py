@@ -33,13 +33,11 @@ _BLANK_LINE = re.compile(r"\n[ \t\r\f\v]*\n")
 
 
 def required_model_max_length(config: Any) -> int | None:
-    """Longest pair encoding a Cluster-Former config accepts: question + context + 4 special tokens.
+    """Longest pair encoding a Cluster-Former config accepts (``ClusterFormerConfig.max_input_length``).
 
-    ``None`` for configs without ``max_context_length`` (models that are not Cluster-Former).
+    ``None`` for other configs (models that are not Cluster-Former).
     """
-    if getattr(config, "max_context_length", None) is None or getattr(config, "max_question_length", None) is None:
-        return None
-    return config.max_question_length + config.max_context_length + 4
+    return getattr(config, "max_input_length", None)
 
 
 class ClusterFormerQuestionAnsweringPipeline(Pipeline):
@@ -242,17 +240,7 @@ class ClusterFormerQuestionAnsweringPipeline(Pipeline):
         if question_tokens == 0:
             raise ValueError("The question is empty after tokenization; give a non-empty question.")
         if required_model_max_length(config) is not None:
-            if question_tokens > config.max_question_length:
-                raise ValueError(
-                    f"The question has {question_tokens} tokens, more than the model's max_question_length "
-                    f"({config.max_question_length}); shorten the question."
-                )
-            if context_tokens > config.max_context_length:
-                raise ValueError(
-                    f"The context has {context_tokens} tokens, more than the model's max_context_length "
-                    f"({config.max_context_length}); shorten the context or load the model with a larger "
-                    "max_context_length."
-                )
+            config.check_input_lengths(question_tokens, context_tokens)
         elif total > self.tokenizer.model_max_length:
             raise ValueError(
                 f"The input has {total} tokens, more than this model takes ({self.tokenizer.model_max_length}); "

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 import datasets
+import torch
 from transformers import (
     AutoTokenizer,
     DataCollatorWithPadding,
@@ -28,12 +29,12 @@ from transformers import (
 
 from .callback import CentroidUpdateCallback
 from .centroid_updates import CentroidUpdateSettings
-from .configuration_clusterformer import ClusterFormerConfig
+from .configuration_clusterformer import ClusterFormerConfig, required_position_embeddings
 from .data import build_longrange_tokenizer, build_tokenizer, load_longrange_dataset, load_multipassage_dataset
 from .data.longrange import squad_features
 from .features import misplaced_answers, postprocess_predictions, prepare_train_features, prepare_validation_features
 from .metrics import load_squad_metric
-from .modeling_clusterformer import ClusterFormerForQuestionAnswering
+from .modeling_clusterformer import ClusterFormerForQuestionAnswering, locate_question_prefix
 
 logger = logging.getLogger(__name__)
 
@@ -279,7 +280,7 @@ def load_model(model: ModelArguments, data: DataArguments, tokenizer) -> Cluster
         num_hidden_layers=model.num_hidden_layers,
         num_attention_heads=model.num_attention_heads,
         intermediate_size=model.intermediate_size,
-        max_position_embeddings=window + question + 3 + 2,
+        max_position_embeddings=required_position_embeddings(question, window, tokenizer.pad_token_id),
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -312,8 +313,10 @@ def make_trainer(model, training_args: TrainingArguments, train_features, tokeni
 
 def check_question_lengths(features: datasets.Dataset, tokenizer, max_question_length: int, split: str) -> None:
     """Raise a `ValueError` with counts when questions exceed the model's ``max_question_length`` (before any training)."""
-    sep = tokenizer.sep_token_id
-    lengths = [ids.index(sep) - 1 if sep in ids else 0 for ids in features["input_ids"]]
+    lengths = []
+    for ids in features["input_ids"]:
+        _, question, found = locate_question_prefix(torch.tensor([ids]) == tokenizer.sep_token_id)
+        lengths.append(int(question) if bool(found) else 0)
     too_long = [i for i, n in enumerate(lengths) if n > max_question_length]
     if too_long:
         raise ValueError(
@@ -375,7 +378,7 @@ def run(
     tokenizer = load_tokenizer(model_args, data_args, raw, training_args.output_dir)
     set_seed(training_args.seed)  # before the model: a from-scratch initialisation follows --seed
     model = load_model(model_args, data_args, tokenizer)
-    logger.info("model: %s", model.config.encoder_layer_kinds)
+    logger.info("model: %s", model.config.layer_types)
 
     metrics: dict[str, Any] = {}
     train_features = None
@@ -397,7 +400,7 @@ def run(
         train_features = train_features.remove_columns(["answer_truncated"])
 
     all_callbacks = list(callbacks or [])
-    if any(kind == "cluster" for kind in model.config.encoder_layer_kinds):
+    if "cluster" in model.config.layer_types:
         all_callbacks.append(CentroidUpdateCallback(centroid_args.settings(), seed=training_args.seed))
     trainer = make_trainer(model, training_args, train_features, tokenizer, all_callbacks)
     if training_args.do_train:

@@ -1,0 +1,212 @@
+"""transformers conventions: meta-device init, fp32 routers under low precision, inputs_embeds, feed-forward
+chunking, padding on either side, ``layer_types``, the input contract and the routed layers' chunk count."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import PretrainedConfig
+
+from hf_clusterformer import ClusterFormerConfig, ClusterFormerForQuestionAnswering, ClusterFormerModel
+from hf_clusterformer.configuration_clusterformer import required_position_embeddings
+from hf_clusterformer.modeling_clusterformer import (
+    ClusterRouter,
+    LSHRouter,
+    locate_question_prefix,
+    sort_into_chunks,
+    unsort_from_chunks,
+)
+
+from helpers import BOS, PAD, SEP, pad_batch, random_example, tiny_config
+
+ALL_TYPES = dict(num_hidden_layers=4, cluster_layers=None, layer_types=["sliding", "cluster", "lsh", "sparse"])
+
+
+def _batch(seed: int = 3):
+    generator = torch.Generator().manual_seed(seed)
+    return pad_batch([random_example(generator, q, c) for q, c in [(3, 70), (7, 9), (5, 33)]])
+
+
+def test_meta_device_init_then_init_weights_gives_the_init_buffers():
+    config = tiny_config(**ALL_TYPES)
+    direct = ClusterFormerForQuestionAnswering(config)
+    with torch.device("meta"):
+        model = ClusterFormerForQuestionAnswering(config)
+    model.to_empty(device="cpu")
+    model.init_weights()
+    direct_buffers = dict(direct.named_buffers())
+    for name, buffer in model.named_buffers():
+        assert torch.equal(buffer, direct_buffers[name]), name
+    # __init__ itself draws the seeded vectors that _init_weights writes
+    router = ClusterRouter(config, 1)
+    assert torch.equal(router.centroids, router.initial_centroids())
+    lsh = LSHRouter(config, 2)
+    assert torch.equal(lsh.hash_vectors, lsh.initial_hash_vectors())
+    ids, mask = _batch()
+    with torch.no_grad():
+        assert torch.isfinite(model.eval()(ids, attention_mask=mask).start_logits).all()
+
+
+def test_router_buffers_stay_fp32_and_exact_in_low_precision(tmp_path):
+    model = ClusterFormerForQuestionAnswering(tiny_config(**ALL_TYPES))
+    model.save_pretrained(tmp_path)
+    for dtype in (torch.bfloat16, torch.float16):
+        loaded = ClusterFormerForQuestionAnswering.from_pretrained(tmp_path, dtype=dtype)
+        routers = loaded.roberta.encoder.routers
+        assert torch.equal(routers["1"].centroids, model.roberta.encoder.routers["1"].centroids)
+        assert torch.equal(routers["2"].hash_vectors, model.roberta.encoder.routers["2"].hash_vectors)
+        assert loaded.qa_outputs.weight.dtype == dtype
+    names = model.state_dict().keys()
+    assert all(any(module in name for name in names) for module in model._keep_in_fp32_modules_strict)
+    sparse_only = ClusterFormerForQuestionAnswering(tiny_config(global_layer_type="sparse"))
+    assert not sparse_only._keep_in_fp32_modules_strict  # no routers to name
+
+
+def test_inputs_embeds_match_input_ids():
+    torch.manual_seed(0)
+    model = ClusterFormerForQuestionAnswering(tiny_config(**ALL_TYPES)).eval()
+    ids, mask = _batch()
+    embeds = model.get_input_embeddings()(ids)
+    with torch.no_grad():
+        from_ids = model(ids, attention_mask=mask)
+        from_embeds = model(inputs_embeds=embeds, attention_mask=mask)
+        prefix = torch.tensor([6, 10, 8])
+        # without separator rows, the question prefix comes from question_lengths
+        shifted = embeds + 1e-3
+        with pytest.raises(ValueError, match="question_lengths"):
+            model(inputs_embeds=shifted, attention_mask=mask)
+        given = model(inputs_embeds=shifted, attention_mask=mask, question_lengths=prefix)
+    real = mask.bool()
+    torch.testing.assert_close(from_embeds.start_logits[real], from_ids.start_logits[real], atol=1e-6, rtol=0)
+    torch.testing.assert_close(from_embeds.end_logits[real], from_ids.end_logits[real], atol=1e-6, rtol=0)
+    torch.testing.assert_close(given.start_logits[real], from_ids.start_logits[real], atol=1e-2, rtol=0)
+    with pytest.raises(ValueError, match="exactly one of input_ids and inputs_embeds"):
+        model(ids, inputs_embeds=embeds)
+
+
+def test_feed_forward_chunking_changes_memory_not_outputs():
+    torch.manual_seed(0)
+    plain = ClusterFormerModel(tiny_config(**ALL_TYPES)).eval()
+    chunked = ClusterFormerModel(tiny_config(**ALL_TYPES, chunk_size_feed_forward=4)).eval()
+    chunked.load_state_dict(plain.state_dict())
+    ids, mask = _batch()
+
+    def widest_intermediate(model) -> tuple[torch.Tensor, int]:
+        sizes = []
+        layers = model.encoder.layer[:2]  # a sliding layer (26 slots per window) and a cluster layer (12 per chunk)
+        hooks = [layer.intermediate.register_forward_hook(lambda m, i, o: sizes.append(o.numel())) for layer in layers]
+        with torch.no_grad():
+            out = model(ids, attention_mask=mask).last_hidden_state
+        for hook in hooks:
+            hook.remove()
+        return out, max(sizes)
+
+    out_plain, widest_plain = widest_intermediate(plain)
+    out_chunked, widest_chunked = widest_intermediate(chunked)
+    torch.testing.assert_close(out_chunked, out_plain, atol=1e-6, rtol=0)
+    assert widest_chunked * 3 <= widest_plain  # 4-slot pieces of the (slots x 4d) feed-forward activations
+
+
+def test_left_padding_gives_the_right_padded_outputs():
+    torch.manual_seed(0)
+    model = ClusterFormerForQuestionAnswering(tiny_config(**ALL_TYPES)).eval()
+    ids, mask = _batch()
+    lengths = mask.sum(1)
+    left_ids, left_mask = torch.full_like(ids, PAD), torch.zeros_like(mask)
+    for row, n in enumerate(lengths.tolist()):  # building the test batch, not the model
+        left_ids[row, ids.shape[1] - n :], left_mask[row, ids.shape[1] - n :] = ids[row, :n], 1
+    with torch.no_grad():
+        right = model(ids, attention_mask=mask)
+        left = model(left_ids, attention_mask=left_mask)
+    assert torch.equal(left.start_logits[left_mask.bool()], right.start_logits[mask.bool()])
+    assert torch.equal(left.end_logits[left_mask.bool()], right.end_logits[mask.bool()])
+    holes = mask.clone()
+    holes[0, 2] = 0
+    with pytest.raises(ValueError, match="attention_mask row 0 mixes padding"):
+        model(ids, attention_mask=holes)
+
+
+def test_layer_types_and_their_shortcuts_stay_in_sync(tmp_path):
+    config = ClusterFormerConfig(num_hidden_layers=4, cluster_layers=[3, 1], global_layer_type=["lsh", "cluster"])
+    assert config.layer_types == ["sliding", "lsh", "sliding", "cluster"]  # sorted layers, types in given order
+    config = ClusterFormerConfig(num_hidden_layers=4, layer_types=["sliding", "sparse", "sliding", "sparse"])
+    assert (config.cluster_layers, config.global_layer_type, config.global_layers) == ([1, 3], "sparse", [1, 3])
+    assert config.encoder_layer_kinds == config.layer_types
+    config.cluster_layers = [2]
+    assert config.layer_types == ["sliding", "sliding", "sparse", "sliding"]
+    config.layer_types = ["sliding", "cluster", "lsh", "sparse"]
+    assert (config.cluster_layers, config.global_layer_type) == ([1, 2, 3], ["cluster", "lsh", "sparse"])
+    with pytest.raises(ValueError, match="disagrees with layer_types"):
+        ClusterFormerConfig(num_hidden_layers=3, cluster_layers=[1], layer_types=["sliding", "sliding", "lsh"])
+    with pytest.raises(ValueError, match="layer_types must be a list"):
+        ClusterFormerConfig(num_hidden_layers=2, layer_types=["sliding", "dense"])
+    with pytest.raises(ValueError, match="one per layer"):
+        ClusterFormerConfig(num_hidden_layers=3, layer_types=["sliding", "cluster"])
+
+    # saved as the shortcuts (configs from before layer_types read the same), which transformers' generic config
+    # loading accepts; a saved layer_types loads too; from_pretrained overrides reach layer_types
+    model = ClusterFormerForQuestionAnswering(tiny_config(**ALL_TYPES))
+    model.save_pretrained(tmp_path)
+    path = tmp_path / "config.json"
+    saved = json.loads(path.read_text())
+    assert "layer_types" not in saved and saved["cluster_layers"] == [1, 2, 3]
+    assert saved["global_layer_type"] == ["cluster", "lsh", "sparse"]
+    PretrainedConfig.from_json_file(path)
+    loaded = ClusterFormerForQuestionAnswering.from_pretrained(tmp_path)
+    assert loaded.config.layer_types == ["sliding", "cluster", "lsh", "sparse"]
+    path.write_text(json.dumps({**saved, "layer_types": ["sliding", "cluster", "lsh", "sparse"]}))
+    assert ClusterFormerConfig.from_pretrained(tmp_path).global_layer_type == ["cluster", "lsh", "sparse"]
+    overridden = ClusterFormerForQuestionAnswering.from_pretrained(tmp_path, global_layer_type=["lsh", "lsh"], cluster_layers=[1, 3])
+    assert overridden.config.layer_types == ["sliding", "lsh", "sliding", "lsh"]
+    assert sorted(overridden.roberta.encoder.routers) == ["1", "3"]
+
+
+def test_question_prefix_from_separators_for_roberta_and_bert_templates():
+    roberta = torch.tensor([[BOS, 5, 6, SEP, SEP, 7, 8, SEP]])
+    bert = torch.tensor([[BOS, 5, 6, SEP, 7, 8, SEP, PAD]])
+    left = torch.tensor([[PAD, PAD, BOS, 5, SEP, SEP, 7, SEP]])
+    prefix, question, found = locate_question_prefix(roberta == SEP)
+    assert (prefix.tolist(), question.tolist(), found.tolist()) == ([5], [2], [True])
+    prefix, question, _ = locate_question_prefix(bert == SEP)
+    assert (prefix.tolist(), question.tolist()) == ([4], [2])
+    prefix, question, _ = locate_question_prefix(left == SEP, starts=torch.tensor([2]))
+    assert (prefix.tolist(), question.tolist()) == ([4], [1])
+
+    model = ClusterFormerModel(tiny_config()).eval()
+    ids = torch.tensor([[BOS, 5, 6, SEP, *range(10, 40), SEP]])
+    with torch.no_grad():
+        found = model(ids).last_hidden_state
+        given = model(ids, question_lengths=[4]).last_hidden_state
+    assert torch.equal(found, given)
+
+
+def test_position_budget_and_longest_input_have_one_rule():
+    assert required_position_embeddings(64, 256) == 64 + 3 + 256 + 2
+    config = tiny_config()
+    assert config.max_input_length == config.max_question_length + config.max_context_length + 4
+    assert required_position_embeddings(config.max_question_length, config.window_size, config.pad_token_id) <= 64
+    with pytest.raises(ValueError, match="the question of row 0 has 9 tokens, more than max_question_length=8"):
+        config.check_input_lengths(9, 10, where="row 0")
+    config.check_input_lengths(8, config.max_context_length)  # the limits themselves are allowed
+    model = ClusterFormerModel(tiny_config(max_context_length=40)).eval()
+    with torch.no_grad():  # a context of exactly max_context_length tokens (plus its closing separator) runs
+        model(torch.tensor([[BOS, 5, SEP, SEP, *range(10, 50), SEP]]))
+
+
+def test_routed_layers_run_only_chunks_with_representative_slots():
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 4, (2, 23), generator=generator)  # 4 is the sentinel
+    ids[1, 5:] = 4  # row 1 has 5 routed slots, row 0 at most 23
+    ids[0, 11:] = 4  # row 0 has 11: two chunks of 6 hold every routed slot
+    states = torch.randn(2, 23, 3, generator=generator)
+    chunks, chunk_valid, order = sort_into_chunks(states, ids, 6, sentinel=4, num_chunks=2)
+    assert chunks.shape == (4, 6, 3) and chunk_valid.view(2, -1).sum(1).tolist() == [11, 5]
+    restored = unsort_from_chunks(chunks * 2, order, 23, fill=states)
+    routed = ids != 4
+    kept = torch.zeros(2, 24, dtype=torch.bool).scatter(1, order, True)[:, :23]
+    assert routed[~kept].sum() == 0 and kept.sum(1).tolist() == [12, 12]
+    assert torch.equal(restored[kept], states[kept] * 2) and torch.equal(restored[~kept], states[~kept])
+    with pytest.raises(ValueError, match="pass fill"):
+        unsort_from_chunks(chunks, order, 23)

@@ -262,13 +262,13 @@ def test_convert_roberta_checkpoint(roberta_qa, workdir, capsys):
 
 
 def test_convert_rejects_other_architectures(workdir, capsys):
-    from transformers import BertConfig
+    from transformers import GPT2Config
 
-    bert = workdir / "bert"
-    BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64).save_pretrained(bert)
-    assert main(["convert", str(bert), str(workdir / "out")]) == 2
+    gpt2 = workdir / "gpt2"
+    GPT2Config(n_embd=32, n_layer=1, n_head=2).save_pretrained(gpt2)
+    assert main(["convert", str(gpt2), str(workdir / "out")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"clusterformer: error: could not convert {bert}: ") and "only RoBERTa checkpoints" in err
+    assert err.startswith(f"clusterformer: error: could not convert {gpt2}: ") and "convertible types are roberta, bert" in err
     assert not (workdir / "out").exists()
 
 

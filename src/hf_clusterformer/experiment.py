@@ -1,0 +1,533 @@
+"""Fine-tuning experiments from a pretrained start: Cluster-Former against the same model with other global layers.
+
+One recipe (`Preset`) fixes the pretrained source, the window and cluster settings, the training stages and the
+evaluation splits; `compare` fine-tunes every variant (``clusterformer``, ``sliding`` — sliding-window layers only —,
+``lsh``, ``sparse``) with every seed on the same data and steps, evaluates exact match, and writes a Markdown table,
+a JSON record and a PNG. ``bench/reproduce_longrange.py`` and ``examples/demo.py`` run it; the named recipes
+(`make_preset`) live here so that both use the same ones.
+
+The data are the generated long-range questions (`hf_clusterformer.data.longrange`): ``twin`` (one-hop: the place
+named twice, its two mentions further apart than any stack of windows relays), ``longrange`` (two-hop) and ``local``
+(one sentence, the control). Training is a plain loop (AdamW, linear schedule, `CentroidUpdater` after every step),
+so it runs where ``datasets`` and ``evaluate`` are not installed. Training only: inference never imports this module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .centroid_updates import CentroidUpdater
+from .data.longrange import generate_longrange_dataset
+from .features import prepare_train_features, prepare_validation_features
+from .hub import convert_checkpoint
+from .modeling_clusterformer import ClusterFormerForQuestionAnswering
+from .pipeline import rank_spans
+
+__all__ = ["Preset", "Stage", "VARIANTS", "compare", "make_preset", "write_report"]
+
+PRETRAINED_ORIGIN = "sentence-transformers/all-MiniLM-L6-v2"
+
+#: Variants `compare` trains: the layer type put in place of the preset's cluster layers ("sliding": none).
+VARIANTS = ("clusterformer", "sliding", "lsh", "sparse")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Recipes
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Stage:
+    """One training stage: its data (``kind: generator options``), steps, batch size and learning rate."""
+
+    name: str
+    data: dict[str, dict]
+    steps: int
+    batch_size: int
+    learning_rate: float
+
+
+@dataclass
+class Preset:
+    pretrained: str  # "minilm" or "tiny" (a random BERT, for the smoke test)
+    window_size: int
+    window_stride: int
+    cluster_layers: list[int]
+    num_clusters: int
+    stages: list[Stage]
+    eval: dict[str, dict]
+    eval_samples: int
+    train_samples: int
+    seeds: list[int]
+    variants: list[str]
+    extra_variant_seeds: int = 1  # LSH / sparse run on this many seeds
+    centroid_update_steps: int = 50
+    memory_size: int = 20_000
+    max_answer_length: int = 8
+    time_budget: float = 3600.0
+    max_question_length: int = 16
+    num_facts: int = 16
+    num_layers: int | None = None  # keep the first N pretrained layers (None: all)
+    frozen_layers: int = 0  # embeddings and the first N layers are not trained
+
+
+def _twin(lo, hi, min_gap=0, max_gap=None, **extra):
+    return {"context_tokens": (lo, hi), "min_gap_tokens": min_gap, "max_gap_tokens": max_gap, **extra}
+
+
+def _chains(lo, hi, min_gap, **extra):
+    return {"context_tokens": (lo, hi), "min_gap_tokens": min_gap, "max_chains": 3, **extra}
+
+
+def make_preset(name: str) -> Preset:
+    """The recipes. Far gaps exceed (layers x stride): 6 x 28 = 168 (cpu), 6 x 56 = 336 (gpu)."""
+    if name == "smoke":
+        return Preset(
+            pretrained="tiny", window_size=16, window_stride=12, cluster_layers=[1], num_clusters=8,
+            stages=[
+                Stage("near", {"twin": _twin(45, 60, 0, 6, num_facts=4), "local": _chains(45, 60, 5)}, 4, 4, 1e-3),
+                Stage("far", {"twin": _twin(70, 90, 30, num_facts=4), "local": _chains(70, 90, 30)}, 4, 4, 1e-3),
+            ],
+            eval={"twin": _twin(70, 90, 30, num_facts=4), "longrange": _chains(70, 90, 30), "local": _chains(70, 90, 30)},
+            eval_samples=6, train_samples=16, seeds=[0], variants=["clusterformer", "sliding", "lsh", "sparse"],
+            centroid_update_steps=2, memory_size=2000, time_budget=120, num_facts=4,
+        )
+    if name == "demo":
+        return Preset(
+            pretrained="minilm", window_size=32, window_stride=28, cluster_layers=[2], num_clusters=32,
+            num_layers=4, frozen_layers=2, num_facts=12,
+            stages=[
+                Stage("near", {"twin": _twin(120, 160, 0, 10), "local": _chains(60, 90, 5)}, 100, 8, 2e-4),
+                Stage("far", {"twin": _twin(220, 280, 120), "local": _chains(220, 280, 120)}, 200, 8, 1e-4),
+            ],
+            eval={"twin": _twin(220, 280, 120), "local": _chains(220, 280, 120)},
+            eval_samples=100, train_samples=2000, seeds=[0], variants=["clusterformer", "sliding"],
+            centroid_update_steps=50, memory_size=20_000, time_budget=600,
+        )
+    if name == "cpu":
+        return Preset(
+            pretrained="minilm", window_size=32, window_stride=28, cluster_layers=[3], num_clusters=64,
+            stages=[
+                Stage("near", {"twin": _twin(150, 250, 0, 10), "local": _chains(60, 90, 5)}, 300, 8, 1e-4),
+                Stage("far", {"twin": _twin(350, 450, 200), "local": _chains(350, 450, 200)}, 600, 8, 5e-5),
+            ],
+            eval={"twin": _twin(350, 450, 200), "longrange": _chains(350, 450, 200), "local": _chains(350, 450, 200)},
+            eval_samples=150, train_samples=3000, seeds=[0, 1, 2], variants=["clusterformer", "sliding"],
+            time_budget=3600,
+        )
+    if name == "gpu":
+        return Preset(
+            pretrained="minilm", window_size=64, window_stride=56, cluster_layers=[3], num_clusters=128,
+            stages=[
+                Stage("near", {"twin": _twin(300, 500, 0, 20), "local": _chains(100, 200, 5)}, 400, 32, 1e-4),
+                Stage("far", {"twin": _twin(1000, 4000, 400), "longrange": _chains(1000, 4000, 400),
+                              "local": _chains(1000, 4000, 400)}, 600, 16, 5e-5),
+            ],
+            eval={"twin": _twin(1000, 4000, 400), "longrange": _chains(1000, 4000, 400), "local": _chains(1000, 4000, 400)},
+            eval_samples=200, train_samples=6000, seeds=[0, 1, 2], variants=["clusterformer", "sliding", "lsh", "sparse"],
+            centroid_update_steps=50, memory_size=50_000, time_budget=460,
+        )
+    raise ValueError(f"unknown preset {name!r}; choose smoke, cpu or gpu.")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Data
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def generate(kind: str, options: dict, samples: int, split: str, seed: int, num_facts: int) -> list[dict]:
+    options = dict(options)
+    if kind == "twin":
+        options.setdefault("num_facts", num_facts)
+    else:
+        options.pop("max_gap_tokens", None)
+    return generate_longrange_dataset(samples, seed, kind=kind, split=split, **options)
+
+
+def encode_train(records: list[dict], tokenizer) -> list[dict]:
+    columns = {key: [r[key] for r in records] for key in ("question", "context", "answers")}
+    features = prepare_train_features(columns, tokenizer, max_length=1 << 20)
+    return [{key: features[key][i] for key in ("input_ids", "start_positions", "end_positions")} for i in range(len(records))]
+
+
+def pad_batch(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T) right-padded ids and attention mask."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r)
+        mask[i, : len(r)] = 1
+    return ids, mask
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Models
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def tiny_bert(directory: Path, corpus: list[str]) -> Path:
+    """A random 4-layer, 32-wide BERT with a WordPiece vocabulary of the data (the smoke preset's 'pretrained')."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    wordpiece = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    wordpiece.normalizer = normalizers.BertNormalizer(lowercase=True)
+    wordpiece.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    wordpiece.train_from_iterator(corpus, trainers.WordPieceTrainer(vocab_size=400, special_tokens=specials, show_progress=False))
+    directory.mkdir(parents=True, exist_ok=True)
+    vocab = sorted(wordpiece.get_vocab().items(), key=lambda item: item[1])
+    (directory / "vocab.txt").write_text("".join(token + "\n" for token, _ in vocab))
+    tokenizer = BertTokenizerFast(vocab_file=str(directory / "vocab.txt"))
+    tokenizer.save_pretrained(directory)
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=64, pad_token_id=0)
+    BertModel(config).save_pretrained(directory)
+    return directory
+
+
+def resolve_pretrained(preset: Preset, pretrained: str | os.PathLike | None, work: Path) -> Path:
+    """The pretrained checkpoint folder: the verified MiniLM, or a tiny random BERT for the smoke recipe."""
+    if preset.pretrained == "tiny":
+        corpus = [r["question"] + " " + r["context"] for kind, options in preset.eval.items()
+                  for r in generate(kind, options, 20, "corpus", 0, preset.num_facts)]
+        return tiny_bert(work / "tiny-bert", corpus)
+    from .pretrained import fetch_pretrained
+
+    return fetch_pretrained(cache_dir=pretrained)
+
+
+def build_model(source: Path, work: Path, preset: Preset, variant: str) -> tuple[Path, dict]:
+    """Convert the pretrained source once per variant; returns (checkpoint dir, layer options)."""
+    layers = {"sliding": [], "clusterformer": preset.cluster_layers, "lsh": preset.cluster_layers,
+              "sparse": preset.cluster_layers}[variant]
+    layer_type = {"clusterformer": "cluster"}.get(variant, variant if variant != "sliding" else "cluster")
+    options = dict(cluster_layers=layers, global_layer_type=layer_type, num_clusters=preset.num_clusters,
+                   window_size=preset.window_size, window_stride=preset.window_stride,
+                   max_question_length=preset.max_question_length, max_context_length=1 << 17,
+                   num_hidden_layers=preset.num_layers)
+    path = work / f"init-{variant}"
+    if not (path / "config.json").is_file():
+        convert_checkpoint(source, path, **options)
+    return path, options
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Train and evaluate one (variant, seed)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def twin_colocation(model, ids: torch.Tensor, mask: torch.Tensor, answer_tokens: list[tuple[int, int]], layer_position: int) -> list[bool]:
+    """Whether the two answer mentions of each example share a chunk in the first cluster layer.
+
+    ``answer_tokens`` holds each example's two answer start tokens. The chunk of a token is the rank of its owner
+    copy in the stable (cluster, position) sort, divided by the stride.
+    """
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, output_cluster_assignments=True)
+    cluster_ids = out.cluster_assignments[layer_position]  # (B, L), -1 for slots that take no part
+    token_index = out.window_token_index.reshape(ids.shape[0], -1)  # (B, L)
+    sentinel = torch.iinfo(cluster_ids.dtype).max
+    order = torch.sort(cluster_ids.masked_fill(cluster_ids < 0, sentinel), dim=1, stable=True).indices
+    rank = torch.empty_like(order).scatter_(1, order, torch.arange(order.shape[1], device=order.device).expand_as(order))
+    chunk = rank // model.config.window_stride
+    result = []
+    for b, (first, second) in enumerate(answer_tokens):
+        owner = cluster_ids[b] >= 0
+        c1 = chunk[b][owner & (token_index[b] == first)]
+        c2 = chunk[b][owner & (token_index[b] == second)]
+        result.append(bool(len(c1) and len(c2) and (c1[-1] == c2[-1])))
+    return result
+
+
+def evaluate(model, tokenizer, records: list[dict], preset: Preset, device, dtype, batch_size: int, kind: str) -> dict:
+    columns = {key: [r[key] for r in records] for key in ("id", "question", "context")}
+    features = prepare_validation_features(columns, tokenizer, max_length=1 << 20)
+    correct, shared = 0, []
+    cluster_positions = [i for i, t in enumerate(model.config.layer_types) if t != "sliding"]
+    has_router = any(t == "cluster" for t in model.config.layer_types)
+    model.eval()
+    for begin in range(0, len(records), batch_size):
+        rows = range(begin, min(begin + batch_size, len(records)))
+        ids, mask = pad_batch([features["input_ids"][i] for i in rows], tokenizer.pad_token_id)
+        ids, mask = ids.to(device), mask.to(device)
+        with torch.no_grad(), torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+            out = model(input_ids=ids, attention_mask=mask)
+        for j, i in enumerate(rows):
+            offsets = features["offset_mapping"][i]
+            candidate = torch.tensor([o is not None for o in offsets])
+            ((_, start, end),) = rank_spans(out.start_logits[j, : len(offsets)].float().cpu(),
+                                            out.end_logits[j, : len(offsets)].float().cpu(), candidate,
+                                            max_answer_len=preset.max_answer_length)
+            text = records[i]["context"][offsets[start][0]: offsets[end][1]]
+            correct += text.strip().lower() in {a.lower() for a in records[i]["answers"]["text"]}
+        if kind == "twin" and has_router:
+            answer_tokens = []
+            for i in rows:
+                starts = records[i]["answers"]["answer_start"]
+                tokens = [next(t for t, o in enumerate(features["offset_mapping"][i]) if o is not None and o[0] <= s < o[1])
+                          for s in starts[:2]]
+                answer_tokens.append(tuple(tokens))
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+                shared += twin_colocation(model.base_model, ids, mask, answer_tokens, 0 if cluster_positions else 0)
+    result = {"exact_match": round(100.0 * correct / len(records), 1), "n": len(records)}
+    if shared:
+        result["twin_shared_chunk"] = round(100.0 * sum(shared) / len(shared), 1)
+    return result
+
+
+_TRAIN_DATA: dict[tuple, list[dict]] = {}
+
+
+def run_one(variant: str, seed: int, preset: Preset, source: Path, work: Path, device: torch.device, dtype,
+            threads: int | None, save_dir: Path | None = None) -> dict:
+    """Fine-tune one variant with one seed through every stage, then evaluate it (and save it under
+    ``save_dir/<variant>`` for the first seed)."""
+    if threads:
+        torch.set_num_threads(threads)
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    init, options = build_model(source, work, preset, variant)
+    tokenizer = AutoTokenizer.from_pretrained(init)
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    model = ClusterFormerForQuestionAnswering.from_pretrained(init).to(device)
+    if preset.frozen_layers:
+        frozen = [model.roberta.embeddings, *model.roberta.encoder.layer[: preset.frozen_layers]]
+        for module in frozen:
+            module.requires_grad_(False)
+    has_router = any(t == "cluster" for t in model.config.layer_types)
+    updater = None
+    if has_router:
+        updater = CentroidUpdater(model, memory_size=preset.memory_size, update_every=preset.centroid_update_steps,
+                                  backend="torch", seed=seed, max_capture_per_forward=2048)
+    started = time.time()
+    log = []
+    generator = torch.Generator().manual_seed(seed)
+    for stage in preset.stages:
+        key = (stage.name, seed, str(init.parent))
+        if key not in _TRAIN_DATA:  # runs of one seed share their data (and its tokenization)
+            needed = min(preset.train_samples, -(-stage.steps * stage.batch_size // len(stage.data)))
+            records = []
+            for kind, options in stage.data.items():
+                records += generate(kind, options, needed, f"{stage.name}-train", seed, preset.num_facts)
+            for stale in [k for k in _TRAIN_DATA if k[1:] != key[1:]]:
+                del _TRAIN_DATA[stale]
+            _TRAIN_DATA[key] = encode_train(records, tokenizer)
+        data = _TRAIN_DATA[key]
+        trained = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trained, lr=stage.learning_rate, weight_decay=0.01)
+        warmup = max(1, stage.steps // 20)
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: min((step + 1) / warmup, max(0.0, (stage.steps - step) / max(1, stage.steps - warmup))))
+        model.train()
+        order = torch.randperm(len(data), generator=generator).tolist()
+        position, losses = 0, []
+        for step in range(stage.steps):
+            if position + stage.batch_size > len(order):
+                order, position = torch.randperm(len(data), generator=generator).tolist(), 0
+            batch = [data[i] for i in order[position: position + stage.batch_size]]
+            position += stage.batch_size
+            ids, mask = pad_batch([b["input_ids"] for b in batch], tokenizer.pad_token_id)
+            starts = torch.tensor([b["start_positions"] for b in batch])
+            ends = torch.tensor([b["end_positions"] for b in batch])
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+                loss = model(input_ids=ids.to(device), attention_mask=mask.to(device),
+                             start_positions=starts.to(device), end_positions=ends.to(device)).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(trained, 1.0)
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad(set_to_none=True)
+            if updater is not None:
+                updater.step()
+            losses.append(loss.item())
+            if (step + 1) % 25 == 0 or step + 1 == stage.steps:
+                log.append({"stage": stage.name, "step": step + 1, "loss": round(float(np.mean(losses[-25:])), 4),
+                            "seconds": round(time.time() - started, 1)})
+                print(f"[{variant}/seed {seed}] {json.dumps(log[-1])}", flush=True)
+    train_seconds = time.time() - started
+    scores = {}
+    for kind, options in preset.eval.items():
+        records = generate(kind, options, preset.eval_samples, "validation", 1000 + 0, preset.num_facts)
+        scores[kind] = evaluate(model, tokenizer, records, preset, device, dtype, 16, kind)
+    if updater is not None:
+        updater.close()
+    if save_dir is not None and seed == preset.seeds[0]:
+        from .hub import save_for_hub
+
+        fitted = {i: bool(r.fitted) for i, r in model.cluster_routers().items()}
+        card = {"model_id": f"clusterformer-{variant}", "base_model": PRETRAINED_ORIGIN if preset.pretrained == "minilm" else None,
+                "training_data": "Generated long-range QA (`hf_clusterformer.data.longrange`): " + ", ".join(preset.eval),
+                "centroids_fitted": fitted}
+        save_for_hub(model.cpu().eval(), tokenizer, save_dir / variant, card_data={k: v for k, v in card.items() if v is not None})
+    return {"variant": variant, "seed": seed, "scores": scores, "train_seconds": round(train_seconds, 1),
+            "eval_seconds": round(time.time() - started - train_seconds, 1), "log": log,
+            "steps": {s.name: s.steps for s in preset.stages}}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Report
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def summarise(runs: list[dict], kinds: list[str]) -> dict[str, dict[str, dict]]:
+    """Mean, spread and per-seed EM of each variant on each split."""
+    table: dict[str, dict[str, dict]] = {}
+    for run in runs:
+        for kind in kinds:
+            entry = table.setdefault(run["variant"], {}).setdefault(kind, {"seeds": []})
+            entry["seeds"].append(run["scores"][kind]["exact_match"])
+    for variant in table.values():
+        for entry in variant.values():
+            values = np.array(entry["seeds"], dtype=float)
+            entry["mean"] = round(float(values.mean()), 1)
+            entry["min"], entry["max"] = float(values.min()), float(values.max())
+    return table
+
+
+def write_report(output: Path, runs: list[dict], meta: dict, kinds: list[str]) -> str:
+    table = summarise(runs, kinds)
+    names = {"twin": "one-hop far (twin)", "longrange": "two-hop far (longrange)", "local": "local control"}
+    lines = ["| model | seeds | " + " | ".join(f"{names.get(k, k)} EM" for k in kinds) + " | twin mentions share a chunk |",
+             "|---|---|" + "---|" * len(kinds) + "---|"]
+    for variant, entry in table.items():
+        shared = [r["scores"].get("twin", {}).get("twin_shared_chunk") for r in runs if r["variant"] == variant]
+        shared = [s for s in shared if s is not None]
+        cells = []
+        for k in kinds:
+            e = entry[k]
+            cells.append(f"{e['mean']:.1f}" + (f" ({', '.join(f'{v:.1f}' for v in e['seeds'])})" if len(e["seeds"]) > 1 else ""))
+        lines.append(f"| {variant} | {len(entry[kinds[0]]['seeds'])} | " + " | ".join(cells) + " | "
+                     + (f"{np.mean(shared):.0f}%" if shared else "–") + " |")
+    markdown = "\n".join(lines) + "\n"
+    header = (f"Preset `{meta['preset']}` on {meta['device_name']} ({meta['dtype']}), {meta['wall_seconds']:.0f} s; "
+              f"steps {meta['steps']}; EM in %, mean over seeds (per seed in brackets).\n\n")
+    (output / "results.md").write_text(header + markdown)
+    (output / "results.json").write_text(json.dumps({"meta": meta, "summary": table, "runs": runs}, indent=1))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        figure, axis = plt.subplots(figsize=(7, 3.5))
+        width = 0.8 / max(1, len(table))
+        for n, (variant, entry) in enumerate(table.items()):
+            xs = np.arange(len(kinds)) + n * width
+            axis.bar(xs, [entry[k]["mean"] for k in kinds], width, label=variant)
+            for x, k in zip(xs, kinds):
+                axis.scatter([x] * len(entry[k]["seeds"]), entry[k]["seeds"], s=8, c="black", zorder=3)
+        axis.set_xticks(np.arange(len(kinds)) + width * (len(table) - 1) / 2, [names.get(k, k) for k in kinds])
+        axis.set_ylabel("exact match (%)")
+        axis.set_ylim(0, 100)
+        axis.legend(fontsize=8)
+        axis.set_title(f"{meta['preset']} preset, {meta['device_name']}")
+        figure.savefig(output / "results.png", dpi=110, bbox_inches="tight")
+        plt.close(figure)
+    except ImportError:
+        pass
+    return header + markdown
+
+
+
+def compare(
+    preset: Preset,
+    output_dir: str | os.PathLike,
+    *,
+    name: str = "custom",
+    pretrained: str | os.PathLike | None = None,
+    device: str | torch.device | None = None,
+    workers: int | None = None,
+    threads: int | None = None,
+    time_budget: float | None = None,
+    save_models: bool = False,
+) -> dict[str, Any]:
+    """Fine-tune and evaluate every variant and seed of ``preset``; write ``results.{md,json,png}`` to ``output_dir``.
+
+    Args:
+        preset: the recipe (`make_preset`).
+        output_dir: where the results (and, with ``save_models``, each variant's first-seed model) go.
+        name: the recipe's name, for the report.
+        pretrained: folder of the pretrained files (default: `hf_clusterformer.pretrained.fetch_pretrained`'s cache).
+        device: default CUDA when available (bf16 autocast), else CPU (fp32, runs in parallel processes).
+        workers, threads: CPU only: parallel runs (default: the cores, at most 2) and torch threads per run.
+        time_budget: seconds; runs that would not fit after the previous ones are skipped (and listed).
+        save_models: save each variant's model of the first seed under ``output_dir/<variant>``.
+
+    Returns:
+        ``{"meta": ..., "runs": [...], "summary": ...}`` as written to ``results.json``.
+    """
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    budget = time_budget or preset.time_budget
+    output = Path(output_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="clusterformer-experiment-"))
+    started = time.time()
+    source = resolve_pretrained(preset, pretrained, work)
+    for variant in preset.variants:  # every variant is converted once, up front
+        build_model(source, work, preset, variant)
+    queue = [(v, s) for s in preset.seeds for v in preset.variants if v in ("clusterformer", "sliding")]
+    queue += [(v, s) for s in preset.seeds[: preset.extra_variant_seeds] for v in preset.variants
+              if v not in ("clusterformer", "sliding")]
+    save_dir = output if save_models else None
+    runs: list[dict] = []
+    skipped: list[str] = []
+
+    def fits(position: int) -> bool:
+        longest = max((r["train_seconds"] + r["eval_seconds"] for r in runs), default=0.0)
+        if runs and time.time() - started + longest > budget:
+            skipped.extend(f"{v}/seed {s}" for v, s in queue[position:])
+            return False
+        return True
+
+    def record(run: dict) -> None:
+        runs.append(run)
+        print(json.dumps({k: run[k] for k in ("variant", "seed", "scores", "train_seconds")}), flush=True)
+
+    if device.type == "cpu":
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        workers = workers or min(2, os.cpu_count() or 1)
+        threads = threads or max(1, (os.cpu_count() or 1) // workers)
+        with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            for begin in range(0, len(queue), workers):
+                if not fits(begin):
+                    break
+                wave = [pool.submit(run_one, v, s, preset, source, work, device, dtype, threads, save_dir)
+                        for v, s in queue[begin: begin + workers]]
+                for future in wave:
+                    record(future.result())
+    else:
+        for position, (variant, seed) in enumerate(queue):
+            if not fits(position):
+                break
+            record(run_one(variant, seed, preset, source, work, device, dtype, None, save_dir))
+
+    meta = {
+        "preset": name, "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({os.cpu_count()} cores)",
+        "dtype": str(dtype).replace("torch.", ""), "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__, "python": platform.python_version(),
+        "wall_seconds": round(time.time() - started, 1), "skipped": skipped,
+        "steps": {s.name: s.steps for s in preset.stages}, "preset_settings": asdict(preset),
+    }
+    report = write_report(output, runs, meta, list(preset.eval))
+    print(report + (f"skipped (time budget): {', '.join(skipped)}\n" if skipped else ""), flush=True)
+    return json.loads((output / "results.json").read_text())

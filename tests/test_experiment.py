@@ -1,0 +1,58 @@
+"""The fine-tuning comparison (`hf_clusterformer.experiment`) and the GPU machine's one command, at tiny sizes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hf_clusterformer.experiment import compare, make_preset
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_smoke_recipe_trains_every_variant_and_writes_its_report(tmp_path):
+    preset = make_preset("smoke")
+    result = compare(preset, tmp_path, name="smoke", device="cpu", workers=1, threads=1, save_models=True)
+    runs = {run["variant"]: run for run in result["runs"]}
+    assert set(runs) == {"clusterformer", "sliding", "lsh", "sparse"}
+    for run in runs.values():
+        assert set(run["scores"]) == {"twin", "longrange", "local"}
+        assert all(0 <= score["exact_match"] <= 100 and score["n"] == preset.eval_samples for score in run["scores"].values())
+        assert [entry["step"] for entry in run["log"] if entry["stage"] == "far"][-1] == preset.stages[-1].steps
+    assert 0 <= runs["clusterformer"]["scores"]["twin"]["twin_shared_chunk"] <= 100
+    assert result["meta"]["device"] == "cpu" and result["meta"]["skipped"] == []
+    table = (tmp_path / "results.md").read_text()
+    assert "| clusterformer | 1 |" in table and "one-hop far (twin) EM" in table
+    assert (tmp_path / "results.png").stat().st_size > 0
+    saved = json.loads((tmp_path / "clusterformer" / "config.json").read_text())
+    assert saved["model_type"] == "clusterformer" and saved["pair_token_types"] is True
+
+
+def test_far_twin_mentions_lie_beyond_the_sliding_stacks_reach():
+    """Every recipe's far questions keep their two mentions further apart than its windows can relay."""
+    for name in ("demo", "cpu", "gpu"):
+        preset = make_preset(name)
+        sliding_layers = preset.num_layers or 6  # MiniLM has 6 layers
+        for kind, options in [*preset.stages[-1].data.items(), *preset.eval.items()]:
+            if kind in ("twin", "longrange"):
+                assert options["min_gap_tokens"] > sliding_layers * preset.window_size, (name, kind)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="bash script")
+def test_device_script_runs_at_tiny_sizes(tmp_path):
+    env = {**os.environ, "SIZE": "tiny", "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(["bash", str(ROOT / "bench" / "device_run.sh"), str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = (tmp_path / "summary.txt").read_text()
+    for step in ("encoder", "kmeans", "reproduce"):
+        assert f"== {step}: exit 0" in summary
+    rows = json.loads((tmp_path / "encoder.json").read_text())["rows"]
+    assert {row["model"] for row in rows} >= {"clusterformer", "floor", "longformer", "bigbird", "modernbert"}
+    assert {row["mode"] for row in rows} == {"forward", "train"}
+    assert (tmp_path / "results.md").is_file()

@@ -94,8 +94,9 @@ def prepare_for_hub(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase |
     itself lists only the saved class). Raises ``tokenizer.model_max_length`` to the longest input the model takes,
     so long contexts cause no length warning.
     """
-    if getattr(model.config, "model_type", None) != ClusterFormerConfig.model_type:
-        raise ValueError(f"prepare_for_hub needs a Cluster-Former model, got model_type {model.config.model_type!r}.")
+    model_type = getattr(type(model.config), "model_type", None)  # what config.json gets (the class attribute)
+    if model_type != ClusterFormerConfig.model_type:
+        raise ValueError(f"prepare_for_hub needs a Cluster-Former model, got model_type {model_type!r}.")
     question_answering = _is_question_answering(model)
     if not question_answering and type(model).__name__ != ClusterFormerModel.__name__:
         raise ValueError(

@@ -469,3 +469,12 @@ def test_train_with_a_train_file_only_skips_evaluation(workdir, capsys):
     results = json.loads((output / "all_results.json").read_text(encoding="utf-8"))
     assert "eval_f1" not in results["metrics"] and not (output / "eval_predictions.json").exists()
     assert "Not evaluated" in (output / "README.md").read_text(encoding="utf-8")
+
+
+def test_help_starts_without_torch_or_transformers():
+    code = ("import sys, hf_clusterformer_cli\n"
+            "try:\n    hf_clusterformer_cli.main(['--help'])\nexcept SystemExit as exit:\n    assert exit.code == 0\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'hf_clusterformer') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "predict" in result.stdout and result.stdout.strip().endswith("[]")

@@ -55,7 +55,7 @@ _PREFIXES = ("eval_", "test_", "predict_", "validation_")
 _DEFAULT_TAGS = ("clusterformer", "long-context", "extractive-qa", "question-answering", "custom_code")
 _CONFIG_FILE_FIELDS = ("transformers_version", "auto_map", "custom_pipelines", "architectures", "_name_or_path")
 #: The card body, a Jinja template rendered by `huggingface_hub.ModelCard.from_template`.
-TEMPLATE = Path(__file__).resolve().parent / "templates" / "modelcard_template.md"
+TEMPLATE = Path(__file__).resolve().parent / "modelcard_template.md"
 #: Data sets this package generates or builds (no Hub page): their result name and training-data description.
 GENERATED_DATASETS = {
     "longrange": {
@@ -369,7 +369,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m hf_clusterfor
 
     Errors are one line on stderr, exit status 2.
     """
-    from .cli import CommandError, _OneLineParser
+    from hf_clusterformer_cli import CommandError, _OneLineParser
 
     parser = _OneLineParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint", nargs="?", help="checkpoint directory: config, centroid state and its "

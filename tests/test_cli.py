@@ -26,7 +26,7 @@ from hf_clusterformer.data import build_tokenizer, generate_longrange_dataset
 
 SCRIPT = Path(sys.executable).with_name("clusterformer")
 QUESTION = "Where does Zorvan live?"
-SUBCOMMANDS = ("train", "evaluate", "predict", "inspect", "convert", "push")
+SUBCOMMANDS = ("train", "evaluate", "predict", "inspect", "convert", "push", "card")
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:

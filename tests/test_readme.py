@@ -46,3 +46,23 @@ def test_readme_python_blocks_run(hub_server, tmp_path):
     assert result.returncode == 0, result.stderr[-5000:]
     assert (tmp_path / "outputs" / "trained" / "modeling_clusterformer.py").is_file()
     assert ("POST", "/api/models/user/clusterformer/commit/main") in hub_server.requests
+
+
+def test_readme_command_lines_name_real_options(capsys):
+    """Every ``clusterformer`` line of the README's command-line block names a subcommand and options that its
+    ``--help`` lists."""
+    import pytest
+
+    from hf_clusterformer.cli import main
+
+    text = README.read_text(encoding="utf-8")
+    block = text[text.index("## Command line") :].split("```")[1]
+    lines = [line.split("#")[0].split() for line in block.splitlines() if line.startswith("clusterformer ")]
+    assert {line[1] for line in lines} == {"train", "evaluate", "predict", "inspect", "convert", "push", "card"}
+    for line in lines:
+        with pytest.raises(SystemExit) as exit_info:
+            main([line[1], "--help"])
+        assert exit_info.value.code == 0
+        help_text = capsys.readouterr().out
+        for option in (token.strip("[]") for token in line if token.strip("[").startswith("--")):
+            assert re.search(rf"{re.escape(option)}\b", help_text), (line[1], option)

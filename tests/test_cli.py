@@ -347,7 +347,7 @@ def test_missing_model_paths_fail_fast(workdir, context, capsys, monkeypatch):
 
 
 def test_hub_id_with_the_hub_out_of_reach_fails_fast(context, tmp_path):
-    from hub_fixtures import client_env
+    from support.hub_fixtures import client_env
 
     env = client_env("http://127.0.0.1:9", tmp_path / "home")
     result = subprocess.run([sys.executable, "-m", "hf_clusterformer.cli", "predict", "someone/missing", "--question",
@@ -434,7 +434,7 @@ def test_card_command_on_its_own_results(trained, capsys):
 
 
 def _push(checkpoint: Path, repo: str, endpoint: str, home: Path, token: str | None = "hf_test_token"):
-    from hub_fixtures import client_env
+    from support.hub_fixtures import client_env
 
     env = dict(client_env(endpoint, home, token=token), OMP_NUM_THREADS="1")
     return subprocess.run([sys.executable, "-m", "hf_clusterformer.cli", "push", str(checkpoint), repo],

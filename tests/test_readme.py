@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import torch
-from hub_fixtures import client_env
+from support.hub_fixtures import client_env
 from transformers import RobertaConfig, RobertaForQuestionAnswering
 
 from hf_clusterformer.data import build_tokenizer, generate_longrange_dataset

@@ -435,7 +435,7 @@ def push_model(
     create_pr: bool = False,
     endpoint: str | None = None,
 ):
-    """Upload a checkpoint directory (from `save_for_hub`, ``clusterformer train`` or `convert_roberta_checkpoint`)
+    """Upload a checkpoint directory (from `save_for_hub`, ``clusterformer train`` or `convert_checkpoint`)
     to a Hub model repo.
 
     Uploads the files `hub_files` lists and skips the rest (pickle files, Trainer checkpoint folders); those files

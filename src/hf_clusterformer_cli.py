@@ -183,7 +183,7 @@ def _cmd_train(argv: list[str], evaluate_only: bool) -> int:
     if "__output_dir" not in given:
         argv += ["--output_dir", "outputs/run_qa"]
     try:
-        run_qa(argv, prog=f"clusterformer {'evaluate' if evaluate_only else 'train'}")
+        run_qa(argv, prog=f"clusterformer {'evaluate' if evaluate_only else 'train'}", usage_errors_raise=True)
     except SafetensorError as error:
         raise CommandError(_weights_error(model_path or "", error)) from error
     except (FileNotFoundError, ValueError) as error:

@@ -371,6 +371,12 @@ def test_damaged_weights_name_the_file(model_dir, context, workdir, capsys, dama
                 str(broken / "model.safetensors"), "not a readable safetensors file")
 
 
+def test_train_option_errors_are_one_line(workdir, capsys):
+    _main_error(capsys, ["train", "--max_steps", "many", "--output_dir", str(workdir / "x")],
+                "--max_steps", "invalid int value: 'many'", "clusterformer train --help")
+    _main_error(capsys, ["train", "--no-such-option", "1", "--output_dir", str(workdir / "x")], "--no-such-option")
+
+
 def test_invalid_json_data_file(workdir, capsys):
     bad = workdir / "bad.json"
     bad.write_text('[{"id": "1", "question": "Q?",\n  "context": }]', encoding="utf-8")

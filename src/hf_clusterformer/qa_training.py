@@ -139,9 +139,18 @@ def _centroid_arguments() -> type:
 CentroidArguments = _centroid_arguments()
 
 
-def parse_args(argv: list[str] | None = None, prog: str | None = None):
-    """Parse command-line arguments into (model, data, centroid, training) argument dataclasses."""
+def parse_args(argv: list[str] | None = None, prog: str | None = None, usage_errors_raise: bool = False):
+    """Parse command-line arguments into (model, data, centroid, training) argument dataclasses.
+
+    With ``usage_errors_raise``, a bad option value raises `ValueError` instead of printing the (long) usage.
+    """
     parser = HfArgumentParser((ModelArguments, DataArguments, CentroidArguments, TrainingArguments), prog=prog)
+    if usage_errors_raise:
+
+        def error(message: str):
+            raise ValueError(f"{message} (see `{parser.prog} --help`)")
+
+        parser.error = error
     if argv is not None and len(argv) == 1 and argv[0].endswith(".json"):
         return parser.parse_json_file(json_file=os.path.abspath(argv[0]))
     return parser.parse_args_into_dataclasses(args=argv)
@@ -452,11 +461,11 @@ def run(
     return metrics
 
 
-def main(argv: list[str] | None = None, prog: str | None = None) -> dict[str, Any]:
-    """Entry point of examples/run_qa.py and ``clusterformer train`` / ``evaluate``."""
+def main(argv: list[str] | None = None, prog: str | None = None, usage_errors_raise: bool = False) -> dict[str, Any]:
+    """Entry point of examples/run_qa.py and ``clusterformer train`` / ``evaluate`` (see `parse_args`)."""
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     logging.getLogger("faiss").setLevel(logging.WARNING)  # which SIMD build it loaded, on every run
-    model_args, data_args, centroid_args, training_args = parse_args(argv, prog=prog)
+    model_args, data_args, centroid_args, training_args = parse_args(argv, prog, usage_errors_raise)
     metrics = run(model_args, data_args, centroid_args, training_args)
     print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in metrics.items()}, indent=1))
     return metrics

@@ -423,8 +423,10 @@ def test_train_writes_a_pushable_checkpoint_with_its_card(trained):
 
 
 def test_card_command_on_its_own_results(trained, capsys):
-    (trained / "README.md").unlink()
-    assert main(["card", str(trained)]) == 0
+    (trained / "README.md").write_text("# my notes\n", encoding="utf-8")
+    _main_error(capsys, ["card", str(trained)], "README.md exists and differs", "--overwrite")
+    assert (trained / "README.md").read_text(encoding="utf-8") == "# my notes\n"
+    assert main(["card", str(trained), "--overwrite"]) == 0
     assert capsys.readouterr().out.strip() == f"wrote {trained / 'README.md'}"
     card = (trained / "README.md").read_text(encoding="utf-8")
     assert "fitted by K-Means on the model's own hidden states" in card and "not recorded" not in card

@@ -384,6 +384,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m hf_clusterfor
     parser.add_argument("--save-spec", action="store_true", help="write the merged spec back to --spec")
     parser.add_argument("--check", action="store_true", help="fail if --out differs from the generated card")
     parser.add_argument("--out", help="README.md path or directory (default: the checkpoint's README.md)")
+    parser.add_argument("--overwrite", action="store_true", help="replace a checkpoint's differing README.md")
     label = "clusterformer" if prog.startswith("clusterformer") else prog
     try:
         args = parser.parse_args(argv)
@@ -409,6 +410,7 @@ def _read_json(path: str, what: str) -> Any:
 def _write_card(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     spec: dict[str, Any] = _read_json(args.spec, "--spec") if args.spec else {}
     checkpoint = args.checkpoint
+    keep = False
     if checkpoint is not None:
         if not Path(checkpoint, "config.json").is_file():
             raise ValueError(f"checkpoint {checkpoint} has no config.json; give a checkpoint directory.")
@@ -416,6 +418,7 @@ def _write_card(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         default_results = Path(checkpoint, "all_results.json")
         if args.results is None and default_results.is_file():
             args.results = str(default_results)
+        keep = args.out is None and not args.overwrite and not args.check  # a README.md the user may have edited
         args.out = args.out or checkpoint
         spec.setdefault("model_id", Path(checkpoint).resolve().name)
         fitted = checkpoint_centroids_fitted(checkpoint)
@@ -453,6 +456,8 @@ def _write_card(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
             print(f"{out} is out of date; regenerate it without --check.", file=sys.stderr)
             return 1
         return 0
+    if keep and out.is_file() and out.read_text(encoding="utf-8") != card:
+        raise ValueError(f"{out} exists and differs from the new card; pass --overwrite to replace it, or --out.")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(card, encoding="utf-8")
     if args.save_spec:

@@ -486,3 +486,17 @@ def test_help_starts_without_torch_or_transformers():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "predict" in result.stdout and result.stdout.strip().endswith("[]")
+
+
+def test_max_context_length_for_evaluate_and_from_scratch(trained):
+    from transformers import AutoTokenizer
+
+    from hf_clusterformer.qa_training import DataArguments, ModelArguments, load_model
+
+    tokenizer = AutoTokenizer.from_pretrained(trained)
+    loaded = load_model(ModelArguments(model_name_or_path=str(trained), max_context_length=50_000), DataArguments(), tokenizer)
+    assert loaded.config.max_context_length == 50_000
+    scratch = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, window_size=32,
+                   window_stride=24, max_question_length=16, cluster_layers=[1], num_clusters=4)
+    assert load_model(ModelArguments(**scratch), DataArguments(max_seq_length=4096), tokenizer).config.max_context_length == 4096
+    assert load_model(ModelArguments(**scratch, max_context_length=70_000), DataArguments(), tokenizer).config.max_context_length == 70_000

@@ -13,6 +13,7 @@ import os
 import socket
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 
@@ -91,6 +92,8 @@ def check_model_path(path: str, option: str = "checkpoint") -> None:
     if os.path.isfile(path):
         raise CommandError(f"{option} {path} is a file; give the checkpoint directory (with config.json).")
     if os.path.isdir(path):
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise CommandError(f"{option} {path} has no config.json; give a checkpoint directory.")
         return
     if _looks_local(path):
         raise CommandError(f"{option} directory {path} does not exist.")
@@ -98,18 +101,20 @@ def check_model_path(path: str, option: str = "checkpoint") -> None:
 
     reason = hub_unreachable()
     if reason and not isinstance(try_to_load_from_cache(path, "config.json"), str):
-        raise CommandError(f"{option} {path} is not a local directory, and the Hub is out of reach: {reason}; give an existing directory.")
+        raise CommandError(
+            f"{option} {path} is not a local directory, and the Hub is out of reach: {reason}; give an existing directory."
+        )
 
 
 def _weights_error(path: str, error: Exception) -> str:
     """A one-line message naming the unreadable safetensors file of checkpoint ``path``."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     for file in sorted(Path(path).glob("*.safetensors")) if os.path.isdir(path) else []:
         try:
             with safe_open(str(file), framework="pt") as weights:
                 weights.keys()
-        except Exception as bad:  # noqa: BLE001 - safetensors raises its own error type
+        except SafetensorError as bad:
             return f"{file} is not a readable safetensors file ({bad}); save or download the checkpoint again."
     return f"could not read the weights of {path}: {error}"
 
@@ -186,7 +191,7 @@ def _cmd_train(argv: list[str], evaluate_only: bool) -> int:
         run_qa(argv, prog=f"clusterformer {'evaluate' if evaluate_only else 'train'}", usage_errors_raise=True)
     except SafetensorError as error:
         raise CommandError(_weights_error(model_path or "", error)) from error
-    except (FileNotFoundError, ValueError) as error:
+    except (OSError, ValueError) as error:  # data files, checkpoints and options
         raise CommandError(str(error)) from error
     return 0
 
@@ -202,7 +207,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     try:
         answers = qa(question=question, context=context, top_k=args.top_k, max_answer_len=args.max_answer_length)
     except ValueError as error:
-        raise CommandError(f"{args.context_file}: {error}") from error
+        raise CommandError(f"cannot answer over {args.context_file}: {error}") from error
     seconds = time.perf_counter() - start
     answers = answers if isinstance(answers, list) else [answers]
     tokens = len(tokenizer(question, context)["input_ids"])
@@ -271,23 +276,25 @@ def _cmd_push(args: argparse.Namespace) -> int:
 
     if not os.path.isdir(args.checkpoint):
         raise CommandError(f"checkpoint directory {args.checkpoint} does not exist.")
-    reason = hub_unreachable()
-    if reason:
-        raise CommandError(f"cannot push {args.checkpoint} to {args.repo_id}: {reason}; check the network or HF_ENDPOINT.")
+    target = f"{args.checkpoint} to {args.repo_id}"
     try:
+        reason = hub_unreachable()
+        if reason:
+            raise ConnectionError(reason)
         info = push_model(args.checkpoint, args.repo_id, private=args.private, commit_message=args.message)
     except ValueError as error:
-        raise CommandError(f"{error}; write the checkpoint with `clusterformer train` or hf_clusterformer.hub.save_for_hub.") from error
+        raise CommandError(f"{error}; write checkpoints with `clusterformer train` or hf_clusterformer.hub.save_for_hub.") from error
     except HfHubHTTPError as error:
         status = error.response.status_code if error.response is not None else None
         fix = "log in with `hf auth login` or set HF_TOKEN to a token with write access" if status in (401, 403) else "retry later"
-        raise CommandError(f"the Hub refused to push {args.checkpoint} to {args.repo_id} (HTTP {status}); {fix}.") from error
-    except (OSError, httpx.HTTPError) as error:  # the connection dropped during the upload
-        raise CommandError(f"cannot push {args.checkpoint} to {args.repo_id}: {error}; check the network or HF_ENDPOINT.") from error
-    skipped = hub_files(args.checkpoint)[1]
-    print(f"pushed {args.checkpoint} to {args.repo_id}: {getattr(info, 'oid', info)}")
+        raise CommandError(f"the Hub refused to push {target} (HTTP {status}); {fix}.") from error
+    except (OSError, httpx.HTTPError) as error:  # unreachable, or the connection dropped during the upload
+        raise CommandError(f"cannot push {target}: {error}; check the network or HF_ENDPOINT.") from error
+    print(f"pushed {target}: {getattr(info, 'oid', info)}")
+    skipped = Counter(name.split("/")[0] + ("/" if "/" in name else "") for name in hub_files(args.checkpoint)[1])
     if skipped:
-        print(f"skipped (training state, not uploaded): {', '.join(skipped)}")
+        listed = ", ".join(name + (f" ({count} files)" if name.endswith("/") else "") for name, count in skipped.items())
+        print(f"skipped (training state, not uploaded): {listed}")
     return 0
 
 

@@ -341,6 +341,8 @@ def test_missing_model_paths_fail_fast(workdir, context, capsys, monkeypatch):
     (workdir / "runs").mkdir(exist_ok=True)
     _main_error(capsys, ["evaluate", "--model_name_or_path", "./missing", "--dataset", "local"],
                 "--model_name_or_path directory ./missing does not exist")
+    (workdir / "runs" / "empty").mkdir(exist_ok=True)
+    _main_error(capsys, ["evaluate", "--model_name_or_path", "runs/empty", "--dataset", "local"], "runs/empty")
     # No "./", but "runs" is a local folder: a path, not a Hub id.
     _main_error(capsys, ["predict", "runs/missing", "--question", QUESTION, "--context-file", str(context[0])],
                 "checkpoint directory runs/missing does not exist")
@@ -455,6 +457,7 @@ def test_push_takes_the_train_output_and_skips_training_state(trained, hub_serve
     result = _push(trained, "user/trained", hub_server.url, tmp_path / "home")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "skipped (training state, not uploaded): " in result.stdout and "training_args.bin" in result.stdout
+    assert re.search(r"checkpoint-4/ \(\d+ files\)", result.stdout)
     files = set(HfApi(endpoint=hub_server.url, token="hf_test_token").list_repo_files("user/trained"))
     assert {"config.json", "model.safetensors", "modeling_clusterformer.py", "README.md", "tokenizer.json"} <= files
     assert not [name for name in files if name.endswith(".bin") or name.startswith("checkpoint-")]

@@ -203,6 +203,15 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     device = _device(args.device)
     model, tokenizer = _load_qa_model(args.model, args.max_context_length)
     qa = pipeline(model=model, tokenizer=tokenizer, device=device)
+    encoding = tokenizer(question, context)
+    tokens = len(encoding["input_ids"])
+    context_tokens = sum(1 for sequence in encoding.sequence_ids() if sequence == 1)
+    if context_tokens > model.config.max_context_length:
+        raise CommandError(
+            f"context file {args.context_file} has {context_tokens} tokens, more than the checkpoint's "
+            f"max_context_length ({model.config.max_context_length}); pass --max-context-length {context_tokens} "
+            "or shorten the file."
+        )
     start = time.perf_counter()
     try:
         answers = qa(question=question, context=context, top_k=args.top_k, max_answer_len=args.max_answer_length)
@@ -210,7 +219,6 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         raise CommandError(f"cannot answer over {args.context_file}: {error}") from error
     seconds = time.perf_counter() - start
     answers = answers if isinstance(answers, list) else [answers]
-    tokens = len(tokenizer(question, context)["input_ids"])
     if args.json:
         print(json.dumps({"answers": answers, "seconds": seconds, "tokens": tokens}, indent=1))
     else:

@@ -173,24 +173,20 @@ def train_in_process(name: str, layers: list[int], args: argparse.Namespace, sho
     model = trainer.model
     path = output_dir / name
     colocation = repeated_token_colocation(model, tokenizer, validation["longrange"]) if layers else None
+    card = {
+        "model_id": "clusterformer-demo" if layers else f"{name}-demo",
+        "training_data": "Generated two-hop long-range QA (`hf_clusterformer.data.longrange`) with its local control and mention "
+                         "questions, after a warm-up on short contexts.",
+        "results": [
+            {"task": "question-answering",
+             "dataset": {"name": f"Long-range QA (generated, {split} split)", "type": "longrange" if split == "longrange" else "longrange-local", "split": "validation"},
+             "metrics": {"exact_match": scores[split]["exact_match"], "f1": scores[split]["f1"]}}
+            for split in ("longrange", "local")
+        ],
+    }
     if layers:
-        card = {
-            "model_id": "clusterformer-demo",
-            "training_data": "Generated two-hop long-range QA (`hf_clusterformer.data.longrange`) with its local control and mention "
-                             "questions, after a warm-up on short contexts.",
-            "results": [
-                {"task": "question-answering",
-                 "dataset": {"name": f"Long-range QA (generated, {split} split)", "type": "longrange" if split == "longrange" else "longrange-local", "split": "validation"},
-                 "metrics": {"exact_match": scores[split]["exact_match"], "f1": scores[split]["f1"]}}
-                for split in ("longrange", "local")
-            ],
-            "centroids_fitted": {i: bool(r.fitted) for i, r in model.cluster_routers().items()},
-            "centroid_fitting": f"spherical K-Means every {args.centroid_update_steps} steps on a bank of 20k states",
-        }
-        save_for_hub(model, tokenizer, path, card_data=card)
-    else:
-        model.save_pretrained(path)
-        tokenizer.save_pretrained(path)
+        card["centroid_fitting"] = f"spherical K-Means every {args.centroid_update_steps} steps on a bank of 20k states"
+    save_for_hub(model, tokenizer, path, card_data=card)  # weights, code, tokenizer and card: `clusterformer push` takes it
     return {"scores": scores, "train_seconds": round(train_seconds, 1), "path": str(path), "colocation": colocation}
 
 

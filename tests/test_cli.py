@@ -26,7 +26,7 @@ from hf_clusterformer.data import build_tokenizer, generate_longrange_dataset
 
 SCRIPT = Path(sys.executable).with_name("clusterformer")
 QUESTION = "Where does Zorvan live?"
-SUBCOMMANDS = ("train", "evaluate", "predict", "inspect", "convert", "push")
+SUBCOMMANDS = ("train", "evaluate", "predict", "inspect", "convert", "push", "card")
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -275,3 +275,231 @@ def test_convert_rejects_other_architectures(workdir, capsys):
 def test_push_missing_checkpoint(workdir, capsys):
     assert main(["push", str(workdir / "nothing"), "user/repo"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+# -- one-line errors --------------------------------------------------------------------------------------------------
+
+
+def _main_error(capsys, argv: list[str], *fragments: str) -> str:
+    """Run ``main(argv)`` in this process: exit status 2 and one ``clusterformer: error:`` line holding ``fragments``."""
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines and lines[-1].startswith("clusterformer: error: "), lines
+    assert "Traceback" not in "\n".join(lines)
+    for fragment in fragments:
+        assert fragment in lines[-1], lines[-1]
+    return lines[-1]
+
+
+def _predict(model_dir, context, *extra: str) -> list[str]:
+    return ["predict", str(model_dir), "--question", QUESTION, "--context-file", str(context[0]), *extra]
+
+
+def test_predict_question_over_the_limit(model_dir, context, capsys):
+    argv = ["predict", str(model_dir), "--question", "Where " * 40 + "?", "--context-file", str(context[0])]
+    _main_error(capsys, argv, "max_question_length=32", "shorten the question")
+
+
+def test_predict_context_over_max_context_length_and_raising_it(model_dir, context, capsys):
+    _main_error(capsys, _predict(model_dir, context, "--max-context-length", "100"),
+                str(context[0]), "more than the checkpoint's max_context_length (100)", "--max-context-length")
+    small = context[0].parent / "short.txt"
+    small.write_text(context[1][:300], encoding="utf-8")
+    assert main(["predict", str(model_dir), "--question", QUESTION, "--context-file", str(small),
+                 "--max_context_length", "200", "--top_k", "2", "--max_answer_length", "3"]) == 0
+    assert len(capsys.readouterr().out.strip().splitlines()) == 3  # underscore spellings work too
+
+
+def test_predict_context_file_not_utf8(model_dir, workdir, capsys):
+    latin = workdir / "latin1.txt"
+    latin.write_bytes("Zorvan lives in Tårsk.".encode("latin-1"))
+    _main_error(capsys, ["predict", str(model_dir), "--question", QUESTION, "--context-file", str(latin)],
+                str(latin), "not UTF-8", "byte 0xe5", "save it as UTF-8")
+
+
+@pytest.mark.parametrize("option", ["--top-k", "--max-answer-length"])
+def test_predict_zero_counts(model_dir, context, capsys, option):
+    _main_error(capsys, _predict(model_dir, context, option, "0"), option, "positive integer", "--help")
+
+
+def test_predict_devices(model_dir, context, capsys):
+    missing = f"cuda:{torch.cuda.device_count()}"  # one past the last GPU; no GPU at all on a CPU build
+    _main_error(capsys, _predict(model_dir, context, "--device", missing), f"--device {missing}", "cuda")
+    _main_error(capsys, _predict(model_dir, context, "--device", "nonsense"), "--device nonsense", "use cpu")
+
+
+def test_inspect_plot_into_a_missing_folder_and_empty_question(model_dir, context, workdir, capsys):
+    plot = workdir / "no-such-folder" / "clusters.png"
+    _main_error(capsys, ["inspect", str(model_dir), "--question", QUESTION, "--context-file", str(context[0]),
+                         "--plot", str(plot)], f"--plot {plot}", "does not exist", "create it")
+    _main_error(capsys, ["inspect", str(model_dir), "--question", " ", "--context-file", str(context[0])],
+                "the question is empty")
+
+
+def test_missing_model_paths_fail_fast(workdir, context, capsys, monkeypatch):
+    monkeypatch.chdir(workdir)
+    (workdir / "runs").mkdir(exist_ok=True)
+    _main_error(capsys, ["evaluate", "--model_name_or_path", "./missing", "--dataset", "local"],
+                "--model_name_or_path directory ./missing does not exist")
+    (workdir / "runs" / "empty").mkdir(exist_ok=True)
+    _main_error(capsys, ["evaluate", "--model_name_or_path", "runs/empty", "--dataset", "local"], "runs/empty")
+    # No "./", but "runs" is a local folder: a path, not a Hub id.
+    _main_error(capsys, ["predict", "runs/missing", "--question", QUESTION, "--context-file", str(context[0])],
+                "checkpoint directory runs/missing does not exist")
+
+
+def test_hub_id_with_the_hub_out_of_reach_fails_fast(context, tmp_path):
+    from support.hub_fixtures import client_env
+
+    env = client_env("http://127.0.0.1:9", tmp_path / "home")
+    result = subprocess.run([sys.executable, "-m", "hf_clusterformer.cli", "predict", "someone/missing", "--question",
+                             QUESTION, "--context-file", str(context[0])], capture_output=True, text=True, env=env,
+                            timeout=120)
+    _one_line_error(result, "someone/missing is not a local directory", "Hub is out of reach", "127.0.0.1:9")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_damaged_weights_name_the_file(model_dir, context, workdir, capsys, damage):
+    broken = workdir / f"weights-{damage}"
+    if not broken.exists():
+        import shutil
+
+        shutil.copytree(model_dir, broken)
+        weights = (broken / "model.safetensors").read_bytes()
+        (broken / "model.safetensors").write_bytes(weights[: len(weights) // 2] if damage == "truncated" else b"garbage" * 9)
+    _main_error(capsys, _predict(broken, context), str(broken / "model.safetensors"), "not a readable safetensors file")
+    _main_error(capsys, ["evaluate", "--model_name_or_path", str(broken), "--dataset", "local", "--eval_samples", "2",
+                         "--output_dir", str(workdir / "eval-broken"), "--report_to", "none", "--use_cpu"],
+                str(broken / "model.safetensors"), "not a readable safetensors file")
+
+
+def test_train_option_errors_are_one_line(workdir, capsys):
+    _main_error(capsys, ["train", "--max_steps", "many", "--output_dir", str(workdir / "x")],
+                "--max_steps", "invalid int value: 'many'", "clusterformer train --help")
+    _main_error(capsys, ["train", "--no-such-option", "1", "--output_dir", str(workdir / "x")], "--no-such-option")
+
+
+def test_invalid_json_data_file(workdir, capsys):
+    bad = workdir / "bad.json"
+    bad.write_text('[{"id": "1", "question": "Q?",\n  "context": }]', encoding="utf-8")
+    _main_error(capsys, ["train", "--train_file", str(bad), "--output_dir", str(workdir / "bad-run")],
+                f"data file {bad} is not valid JSON at line 2 column 14")
+    lines = workdir / "bad.jsonl"
+    lines.write_text('{"id": "1"}\n{"id": 2,\n', encoding="utf-8")
+    _main_error(capsys, ["train", "--train_file", str(lines), "--output_dir", str(workdir / "bad-run")],
+                f"data file {lines} is not valid JSON at line 2")
+
+
+# -- train, card and push ---------------------------------------------------------------------------------------------
+
+TINY_TRAIN = [
+    "--hidden_size", "32", "--num_hidden_layers", "2", "--num_attention_heads", "2", "--intermediate_size", "64",
+    "--window_size", "32", "--window_stride", "24", "--max_question_length", "16", "--cluster_layers", "1",
+    "--num_clusters", "4", "--vocab_size", "400", "--context_tokens_min", "150", "--context_tokens_max", "250",
+    "--min_gap_tokens", "30", "--eval_samples", "4", "--per_device_train_batch_size", "4",
+    "--centroid_update_steps", "2", "--report_to", "none", "--use_cpu", "--seed", "0",
+]
+
+
+@pytest.fixture(scope="module")
+def trained(workdir) -> Path:
+    """``clusterformer train`` on generated data, 4 steps, with a Trainer checkpoint folder (optimizer state)."""
+    output = workdir / "trained"
+    assert main(["train", "--dataset", "longrange", "--train_samples", "8", "--max_steps", "4", "--save_strategy",
+                 "steps", "--save_steps", "4", "--output_dir", str(output), *TINY_TRAIN]) == 0
+    return output
+
+
+def test_train_writes_a_pushable_checkpoint_with_its_card(trained):
+    from hf_clusterformer.hub import check_hub_checkpoint, hub_files
+
+    uploaded, skipped = hub_files(trained)
+    assert check_hub_checkpoint(trained, uploaded) == []
+    assert {"config.json", "model.safetensors", "configuration_clusterformer.py", "modeling_clusterformer.py",
+            "pipeline.py", "tokenizer.json", "README.md", "all_results.json"} <= set(uploaded)
+    assert "training_args.bin" in skipped and any(name.startswith("checkpoint-4/") for name in skipped)
+    card = (trained / "README.md").read_text(encoding="utf-8")
+    assert "| Centroids | fitted by K-Means on the model's own hidden states |" in card
+    assert "Long-range QA (generated)" in card and "huggingface.co/datasets/longrange" not in card
+    assert "Generated two-hop long-range QA" in card and "8 training and 4 validation examples" in card
+
+
+def test_card_command_on_its_own_results(trained, capsys):
+    (trained / "README.md").write_text("# my notes\n", encoding="utf-8")
+    _main_error(capsys, ["card", str(trained)], "README.md exists and differs", "--overwrite")
+    assert (trained / "README.md").read_text(encoding="utf-8") == "# my notes\n"
+    assert main(["card", str(trained), "--overwrite"]) == 0
+    assert capsys.readouterr().out.strip() == f"wrote {trained / 'README.md'}"
+    card = (trained / "README.md").read_text(encoding="utf-8")
+    assert "fitted by K-Means on the model's own hidden states" in card and "not recorded" not in card
+    assert "model-index" in card and "| Long-range QA (generated) | validation |" in card
+    out = trained.parent / "card-longrange.md"
+    assert main(["card", "--config", str(trained), "--results", str(trained / "all_results.json"), "--dataset",
+                 "longrange", "--out", str(out)]) == 0
+    assert "huggingface.co/datasets/longrange" not in out.read_text(encoding="utf-8")
+    _main_error(capsys, ["card", str(trained.parent / "nothing")], "has no config.json")
+    (trained.parent / "broken.json").write_text("{", encoding="utf-8")
+    _main_error(capsys, ["card", str(trained), "--results", str(trained.parent / "broken.json"), "--out",
+                         str(out)], "broken.json is not valid JSON")
+
+
+def _push(checkpoint: Path, repo: str, endpoint: str, home: Path, token: str | None = "hf_test_token"):
+    from support.hub_fixtures import client_env
+
+    env = dict(client_env(endpoint, home, token=token), OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "hf_clusterformer.cli", "push", str(checkpoint), repo],
+                          capture_output=True, text=True, env=env, timeout=180)
+
+
+def test_push_takes_the_train_output_and_skips_training_state(trained, hub_server, tmp_path):
+    from huggingface_hub import HfApi
+
+    result = _push(trained, "user/trained", hub_server.url, tmp_path / "home")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "skipped (training state, not uploaded): " in result.stdout and "training_args.bin" in result.stdout
+    assert re.search(r"checkpoint-4/ \(\d+ files\)", result.stdout)
+    files = set(HfApi(endpoint=hub_server.url, token="hf_test_token").list_repo_files("user/trained"))
+    assert {"config.json", "model.safetensors", "modeling_clusterformer.py", "README.md", "tokenizer.json"} <= files
+    assert not [name for name in files if name.endswith(".bin") or name.startswith("checkpoint-")]
+
+
+def test_push_without_a_token_or_a_hub(trained, hub_server, tmp_path):
+    _one_line_error(_push(trained, "user/no-token", hub_server.url, tmp_path / "a", token=None),
+                    "the Hub refused to push", "HTTP 401", "HF_TOKEN")
+    _one_line_error(_push(trained, "user/no-hub", "http://127.0.0.1:9", tmp_path / "b"),
+                    "cannot push", "127.0.0.1:9 cannot be reached", "HF_ENDPOINT")
+
+
+def test_train_with_a_train_file_only_skips_evaluation(workdir, capsys):
+    records = generate_longrange_dataset(4, 0, (150, 250), "longrange", min_gap_tokens=30)
+    train_file = workdir / "train.jsonl"
+    train_file.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    output = workdir / "train-only"
+    assert main(["train", "--train_file", str(train_file), "--max_steps", "1", "--output_dir", str(output),
+                 *TINY_TRAIN]) == 0
+    results = json.loads((output / "all_results.json").read_text(encoding="utf-8"))
+    assert "eval_f1" not in results["metrics"] and not (output / "eval_predictions.json").exists()
+    assert "Not evaluated" in (output / "README.md").read_text(encoding="utf-8")
+
+
+def test_help_starts_without_torch_or_transformers():
+    code = ("import sys, hf_clusterformer_cli\n"
+            "try:\n    hf_clusterformer_cli.main(['--help'])\nexcept SystemExit as exit:\n    assert exit.code == 0\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'hf_clusterformer') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "predict" in result.stdout and result.stdout.strip().endswith("[]")
+
+
+def test_max_context_length_for_evaluate_and_from_scratch(trained):
+    from transformers import AutoTokenizer
+
+    from hf_clusterformer.qa_training import DataArguments, ModelArguments, load_model
+
+    tokenizer = AutoTokenizer.from_pretrained(trained)
+    loaded = load_model(ModelArguments(model_name_or_path=str(trained), max_context_length=50_000), DataArguments(), tokenizer)
+    assert loaded.config.max_context_length == 50_000
+    scratch = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, window_size=32,
+                   window_stride=24, max_question_length=16, cluster_layers=[1], num_clusters=4)
+    assert load_model(ModelArguments(**scratch), DataArguments(max_seq_length=4096), tokenizer).config.max_context_length == 4096
+    assert load_model(ModelArguments(**scratch, max_context_length=70_000), DataArguments(), tokenizer).config.max_context_length == 70_000

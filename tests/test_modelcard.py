@@ -165,3 +165,20 @@ def test_command_line_records_results_and_config_in_the_spec(tmp_path):
     saved = json.loads(spec_path.read_text(encoding="utf-8"))
     assert saved["config"]["window_size"] == 24 and saved["results"]["eval_f1"] == 55.5
     assert main(["--spec", str(spec_path), "--out", str(out), "--check"]) == 0
+
+
+def test_card_template_ships_as_package_data():
+    import configparser
+
+    from hf_clusterformer.modelcard import TEMPLATE
+
+    setup = configparser.ConfigParser()
+    setup.read(Path(__file__).resolve().parents[1] / "setup.cfg")
+    assert TEMPLATE.is_file() and TEMPLATE.name in setup["options.package_data"]["hf_clusterformer"]
+    assert "{{ card_data }}" in TEMPLATE.read_text(encoding="utf-8")
+
+
+def test_generated_datasets_are_described_not_linked():
+    card = make_model_card(tiny_config(), datasets=["longrange"], results={"eval_f1": 40.0})
+    assert "huggingface.co/datasets/longrange" not in card.text and "datasets" not in card.data.to_dict()
+    assert "Generated two-hop long-range QA" in card.text and "| Long-range QA (generated) | - |" in card.text

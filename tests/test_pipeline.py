@@ -10,6 +10,7 @@ import contextlib
 import itertools
 import logging
 import math
+import re
 
 import pytest
 import torch
@@ -342,3 +343,47 @@ def test_registered_as_question_answering_task(model, tokenizer, tmp_path):
     assert type(loaded) is ClusterFormerQuestionAnsweringPipeline
     assert type(loaded.model) is ClusterFormerForQuestionAnswering
     assert loaded(question=QUESTION, context=CONTEXT) == reference
+
+
+def test_plain_roberta_model_gets_its_position_limit():
+    from transformers import RobertaConfig, RobertaForQuestionAnswering
+
+    tokenizer = build_tokenizer(SENTENCES * 4, vocab_size=300)
+    tokenizer.model_max_length = 1_000_000  # as when loading with model_max_length=1e6 for long contexts
+    config = RobertaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           intermediate_size=64, max_position_embeddings=66, pad_token_id=1, type_vocab_size=1)
+    torch.manual_seed(0)
+    qa = make_pipeline(model=RobertaForQuestionAnswering(config).eval(), tokenizer=tokenizer, device="cpu")
+    answer = qa(question=QUESTION, context=SENTENCES[1])  # fits the 64 positions after the padding index
+    assert answer["answer"] == SENTENCES[1][answer["start"] : answer["end"]]
+    with pytest.raises(ValueError, match=r"more than this roberta model takes \(64\).*Cluster-Former"):
+        qa(question=QUESTION, context=" ".join(SENTENCES * 3))
+
+
+def test_left_padding_tokenizer_is_used_right_padded(model, tokenizer, qa):
+    left = build_tokenizer(SENTENCES * 4, vocab_size=300)
+    left.padding_side = "left"
+    padded = ClusterFormerQuestionAnsweringPipeline(model=model, tokenizer=left, device="cpu")
+    examples = [{"question": QUESTION, "context": CONTEXT}, {"question": "Who?", "context": SENTENCES[1]}]
+    assert padded(examples, batch_size=2, top_k=2) == qa(examples, batch_size=2, top_k=2)
+    assert left.padding_side == "left"  # the caller's tokenizer is left as it was
+
+
+def test_long_answers_fall_back_to_sentence_groups(tokenizer, caplog):
+    model = _model(tokenizer, window_size=24, window_stride=24)
+    qa = ClusterFormerQuestionAnsweringPipeline(model=model, tokenizer=tokenizer, device="cpu")
+    context = " ".join(SENTENCES[:3] + SENTENCES[4:]) * 2  # no blank line, no passage token
+    transformers.logging.enable_propagation()
+    try:
+        with caplog.at_level(logging.WARNING):
+            result = qa(question=QUESTION, context=context, long_answer=True, long_answer_top_k=20)
+    finally:
+        transformers.logging.disable_propagation()
+    long_answers = sorted(result["long_answers"], key=lambda a: a["index"])
+    assert len(long_answers) > 2 and max(a["score"] for a in long_answers) < 1.0
+    for answer in long_answers:
+        assert answer["answer"] == context[answer["start"] : answer["end"]]
+        assert answer["answer"][-1] in ".?" or answer["end"] == len(context.rstrip())  # whole sentences
+        if len(re.split(r"(?<=[.?])\s+", answer["answer"])) > 1:  # a longer sentence stands alone
+            assert len(tokenizer(answer["answer"], add_special_tokens=False)["input_ids"]) <= 24 + 2
+    assert "groups of whole sentences" in caplog.text

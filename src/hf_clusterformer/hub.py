@@ -43,6 +43,7 @@ __all__ = [
     "convert_checkpoint",
     "convert_roberta_checkpoint",
     "hub_auto_map",
+    "hub_files",
     "hub_code_imports",
     "prepare_for_hub",
     "push_model",
@@ -58,6 +59,8 @@ CODE_FILES = ("configuration_clusterformer.py", "modeling_clusterformer.py", "pi
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 #: Top-level packages the Hub code may import besides the standard library.
 _HUB_CODE_PACKAGES = {"torch", "transformers", "huggingface_hub"}
+#: Folders the Trainer writes for resuming (optimizer state, RNG state); never uploaded.
+_TRAINER_CHECKPOINT_PREFIX = "checkpoint-"
 _CUSTOM_PIPELINE = {
     TASK: {
         "impl": "pipeline.ClusterFormerQuestionAnsweringPipeline",
@@ -91,8 +94,9 @@ def prepare_for_hub(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase |
     itself lists only the saved class). Raises ``tokenizer.model_max_length`` to the longest input the model takes,
     so long contexts cause no length warning.
     """
-    if getattr(model.config, "model_type", None) != ClusterFormerConfig.model_type:
-        raise ValueError(f"prepare_for_hub needs a Cluster-Former model, got model_type {model.config.model_type!r}.")
+    model_type = getattr(type(model.config), "model_type", None)  # what config.json gets (the class attribute)
+    if model_type != ClusterFormerConfig.model_type:
+        raise ValueError(f"prepare_for_hub needs a Cluster-Former model, got model_type {model_type!r}.")
     question_answering = _is_question_answering(model)
     if not question_answering and type(model).__name__ != ClusterFormerModel.__name__:
         raise ValueError(
@@ -160,7 +164,7 @@ def save_for_hub(
     elif card_data:
         raise ValueError("Give either card or card_data, not both.")
     (save_dir / "README.md").write_text(str(card), encoding="utf-8")
-    problems = check_hub_checkpoint(save_dir)
+    problems = check_hub_checkpoint(save_dir, hub_files(save_dir)[0])
     if problems:
         raise ValueError(f"{save_dir} is not a self-contained checkpoint: " + "; ".join(problems))
     return save_dir
@@ -172,12 +176,32 @@ def hub_code_imports(path: str | os.PathLike) -> set[str]:
     return set(get_imports(path))
 
 
-def check_hub_checkpoint(path: str | os.PathLike) -> list[str]:
+def hub_files(path: str | os.PathLike) -> tuple[list[str], list[str]]:
+    """The files of a checkpoint directory `push_model` uploads, and those it skips.
+
+    Skipped: pickle files (``training_args.bin``, optimizer and RNG states), Trainer checkpoint folders
+    (``checkpoint-*``) and hidden files. Paths are relative, with ``/``.
+    """
+    path = Path(path)
+    uploaded, skipped = [], []
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        name = file.relative_to(path).as_posix()
+        parts = name.split("/")
+        skip = (
+            name.endswith(PICKLE_SUFFIXES)
+            or (len(parts) > 1 and parts[0].startswith(_TRAINER_CHECKPOINT_PREFIX))
+            or any(part.startswith(".") for part in parts)
+        )
+        (skipped if skip else uploaded).append(name)
+    return uploaded, skipped
+
+
+def check_hub_checkpoint(path: str | os.PathLike, files: Sequence[str] | None = None) -> list[str]:
     """Problems that would stop a checkpoint directory from loading without this package (empty when fine).
 
     Checks ``config.json`` (model type, every `hub_auto_map` entry, the custom pipeline), the code files and their
     imports (standard library, torch, transformers, huggingface_hub and each other only), safetensors weights and
-    the absence of pickle files.
+    the absence of pickle files among ``files`` (relative paths; default: every file in ``path``).
     """
     path = Path(path)
     problems = []
@@ -207,7 +231,8 @@ def check_hub_checkpoint(path: str | os.PathLike) -> list[str]:
         extra = hub_code_imports(path / name) - allowed
         if extra:
             problems.append(f"{name} imports {sorted(extra)}, which a plain transformers install may lack")
-    files = [p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()]
+    if files is None:
+        files = [p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()]
     if not any(name.endswith(".safetensors") for name in files):
         problems.append("no .safetensors weights")
     pickled = [name for name in files if name.endswith(PICKLE_SUFFIXES)]
@@ -410,32 +435,34 @@ def push_model(
     create_pr: bool = False,
     endpoint: str | None = None,
 ):
-    """Upload a checkpoint directory (from `save_for_hub` / `convert_roberta_checkpoint`) to a Hub model repo.
+    """Upload a checkpoint directory (from `save_for_hub`, ``clusterformer train`` or `convert_checkpoint`)
+    to a Hub model repo.
 
-    The directory is checked with `check_hub_checkpoint` first; pickle files are never uploaded. The repo (and
-    branch ``revision``) is created when missing.
+    Uploads the files `hub_files` lists and skips the rest (pickle files, Trainer checkpoint folders); those files
+    are checked with `check_hub_checkpoint` first. The repo (and branch ``revision``) is created when missing.
 
     Returns:
         The `huggingface_hub.CommitInfo` of the upload (``.oid``, ``.commit_url``).
 
     Raises:
-        ValueError: the directory is not a self-contained Cluster-Former checkpoint.
+        ValueError: the uploaded files do not make a self-contained Cluster-Former checkpoint.
     """
-    from huggingface_hub import HfApi
+    from huggingface_hub import CommitOperationAdd, HfApi
 
-    problems = check_hub_checkpoint(local_dir)
+    uploaded, _ = hub_files(local_dir)
+    problems = check_hub_checkpoint(local_dir, uploaded)
     if problems:
         raise ValueError(f"Refusing to push {local_dir}: " + "; ".join(problems))
     api = HfApi(endpoint=endpoint, token=token)
     repo_id = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model").repo_id
     if revision is not None and not create_pr:
         api.create_branch(repo_id, branch=revision, exist_ok=True)
-    return api.upload_folder(
-        folder_path=str(local_dir),
-        repo_id=repo_id,
+    operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(Path(local_dir) / name)) for name in uploaded]
+    return api.create_commit(
+        repo_id,
+        operations,
+        commit_message=commit_message,
         repo_type="model",
         revision=revision,
-        commit_message=commit_message,
         create_pr=create_pr,
-        ignore_patterns=[f"*{suffix}" for suffix in PICKLE_SUFFIXES] + [".git/*", "*/.git/*"],
     )

@@ -101,14 +101,16 @@ class ClusterReport:
         except ImportError as error:
             raise ImportError("Plotting needs matplotlib: pip install 'hf-clusterformer[plot]'") from error
         figure, axis = plt.subplots(figsize=(10, 4))
-        for is_question, colour, label in ((False, "tab:blue", "context"), (True, "tab:red", "question copies")):
+        # Question copies (all near position 0) are drawn large and on top, so that they stay visible.
+        for is_question, style in ((False, dict(s=4, c="tab:blue", label="context", zorder=2)),
+                                   (True, dict(s=30, c="tab:red", marker="x", label="question copies", zorder=3))):
             xs = [m.position for members in self.clusters.values() for m in members if m.is_question == is_question]
             ys = [c for c, members in self.clusters.items() for m in members if m.is_question == is_question]
-            axis.scatter(xs, ys, s=4, c=colour, label=label)
+            axis.scatter(xs, ys, **style)
         axis.set_xlabel("token position")
         axis.set_ylabel("cluster id")
         axis.set_title(f"Cluster layer {self.layer}")
-        axis.legend(loc="upper right")
+        axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)  # outside the points
         path = Path(path)
         figure.savefig(path, dpi=120, bbox_inches="tight")
         plt.close(figure)
@@ -154,6 +156,8 @@ def inspect_clusters(
         raise ValueError(f"Layer {layer} is not a cluster/LSH layer; choose one of {global_layers}.")
     if not context.strip():
         raise ValueError("The context is empty.")
+    if not question.strip():
+        raise ValueError("The question is empty.")
     encoding = tokenizer(question, context, return_tensors="pt")
     device = next(model.parameters()).device
     was_training = model.training

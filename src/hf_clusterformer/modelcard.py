@@ -4,6 +4,7 @@
 centroid state, widget examples) into a `huggingface_hub.ModelCard`. A card can also be described by a JSON
 *spec* (`card_from_spec`), which is how the example card in ``model_cards/`` is kept in sync::
 
+    clusterformer card outputs/run_qa    # a trained checkpoint: config, centroid state, all_results.json
     python -m hf_clusterformer.modelcard --spec model_cards/clusterformer-demo/card.json \\
         --out model_cards/clusterformer-demo/README.md
     # after an evaluation, record its results (and the trained config) in the spec and rewrite the card:
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -28,12 +30,14 @@ from .configuration_clusterformer import ClusterFormerConfig
 
 __all__ = [
     "CITATION",
+    "GENERATED_DATASETS",
     "card_from_spec",
+    "checkpoint_centroids_fitted",
     "default_widget",
     "load_results",
     "main",
     "make_model_card",
-    "write_model_card",
+    "run_card_data",
 ]
 
 CITATION = """@inproceedings{wang-etal-2021-cluster,
@@ -50,6 +54,23 @@ _METRIC_ALIASES = {"exact_match": "exact_match", "exact": "exact_match", "em": "
 _PREFIXES = ("eval_", "test_", "predict_", "validation_")
 _DEFAULT_TAGS = ("clusterformer", "long-context", "extractive-qa", "question-answering", "custom_code")
 _CONFIG_FILE_FIELDS = ("transformers_version", "auto_map", "custom_pipelines", "architectures", "_name_or_path")
+#: The card body, a Jinja template rendered by `huggingface_hub.ModelCard.from_template`.
+TEMPLATE = Path(__file__).resolve().parent / "modelcard_template.md"
+#: Data sets this package generates or builds (no Hub page): their result name and training-data description.
+GENERATED_DATASETS = {
+    "longrange": {
+        "name": "Long-range QA (generated)",
+        "description": "Generated two-hop long-range QA (`hf_clusterformer.data.longrange`)",
+    },
+    "local": {
+        "name": "Long-range QA, local control (generated)",
+        "description": "Generated local-control QA (`hf_clusterformer.data.longrange`: one sentence answers each question)",
+    },
+    "squad-multipassage": {
+        "name": "SQuAD v1.1 multi-passage (built from the dev set)",
+        "description": "Multi-passage contexts built from the SQuAD v1.1 dev set (`hf_clusterformer.data.multipassage`)",
+    },
+}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -64,7 +85,8 @@ def load_results(
 
     Accepts a JSON file path or an object: a list of such entries, one entry, or a flat metrics dict such as
     ``{"exact_match": 81.2, "f1": 88.0}`` or trainer output (``eval_exact_match``, ``eval_f1``; ``exact`` is read
-    as exact match). Flat metrics and entries without a dataset use ``dataset``. Only exact match and F1 are kept;
+    as exact match), or the ``all_results.json`` of ``clusterformer train`` / ``evaluate`` (its ``data`` names the
+    dataset). Flat metrics and entries without a dataset use ``dataset``. Only exact match and F1 are kept;
     values are percentages.
 
     Raises:
@@ -93,7 +115,8 @@ def load_results(
             metrics[name] = round(float(value), 2)
         if not metrics:
             raise ValueError(f"No exact match or F1 value in {dict(raw_metrics)!r}.")
-        data = dict(entry.get("dataset") or dataset or {})
+        run_data = entry.get("data") if isinstance(entry.get("data"), Mapping) else None
+        data = dict(entry.get("dataset") or (run_card_data(entry)["results_dataset"] if run_data else None) or dataset or {})
         if not data.get("name") or not data.get("type"):
             raise ValueError("Each result needs a dataset with a name and a type (e.g. a Hub dataset id).")
         normalised.append({"task": entry.get("task", "question-answering"), "dataset": data, "metrics": metrics})
@@ -122,6 +145,44 @@ def default_widget() -> list[dict[str, str]]:
             "example_title": "Long context",
         }
     ]
+
+
+def run_card_data(run: Mapping[str, Any]) -> dict[str, Any]:
+    """`make_model_card` arguments (``datasets``, ``training_data``, ``results``, ``results_dataset``) from the
+    ``all_results.json`` that ``clusterformer train`` / ``evaluate`` write (``{"metrics", "data", "model"}``)."""
+    data = run.get("data") or {}
+    metrics = run.get("metrics") or {}
+    results = metrics if any(_METRIC_ALIASES.get(key.removeprefix("eval_")) for key in metrics) else None
+    if data.get("train_file") or data.get("validation_file"):
+        files = [f"{split} `{Path(data[key]).name}`" for split, key in (("training", "train_file"),
+                                                                         ("validation", "validation_file")) if data.get(key)]
+        name = Path(data.get("validation_file") or data["train_file"]).name
+        return {"datasets": [], "training_data": f"Local SQuAD-format files: {', '.join(files)}.", "results": results,
+                "results_dataset": {"name": name, "type": "json", "split": "validation"}}
+    dataset = data.get("dataset", "longrange")
+    details = None
+    if dataset in GENERATED_DATASETS:
+        details = (f"{data.get('train_samples')} training and {data.get('eval_samples')} validation examples, contexts "
+                   f"of {data.get('context_tokens_min')}-{data.get('context_tokens_max')} tokens, seed "
+                   f"{data.get('dataset_seed')}.")
+    name = GENERATED_DATASETS.get(dataset, {}).get("name", dataset)
+    return {"datasets": [dataset], "training_data": details, "results": results,
+            "results_dataset": {"name": name, "type": dataset, "split": "validation"}}
+
+
+def checkpoint_centroids_fitted(path: str | os.PathLike) -> dict[int, bool] | None:
+    """Per cluster layer, whether a checkpoint directory's weights hold fitted centroids (``None`` without weights)."""
+    from safetensors import safe_open
+
+    fitted: dict[int, bool] = {}
+    files = sorted(Path(path).glob("*.safetensors"))
+    for file in files:
+        with safe_open(str(file), framework="pt") as weights:
+            for key in weights.keys():
+                match = re.search(r"encoder\.routers\.(\d+)\.fitted$", key)
+                if match:
+                    fitted[int(match[1])] = bool(weights.get_tensor(key).all())
+    return fitted if files else None
 
 
 def _config(config: ClusterFormerConfig | Mapping | str | os.PathLike) -> ClusterFormerConfig:
@@ -182,7 +243,7 @@ def make_model_card(
     config = _config(config)
     name = model_id.split("/")[-1] if model_id else "clusterformer-qa"
     if results_dataset is None and datasets:
-        results_dataset = {"name": datasets[0], "type": datasets[0]}
+        results_dataset = {"name": GENERATED_DATASETS.get(datasets[0], {}).get("name", datasets[0]), "type": datasets[0]}
     results = load_results(results, results_dataset) if results else []
     eval_results = [
         EvalResult(
@@ -201,60 +262,26 @@ def make_model_card(
     ]
     examples = [dict(example) for example in (widget if widget is not None else default_widget())]
     question = examples[0].get("text", "Who wrote it?") if examples else "Who wrote it?"
+    hub_datasets, training_data = _split_datasets(datasets, training_data)
     data = ModelCardData(
         library_name="transformers",
         pipeline_tag="question-answering",
         license=license,
         language=language,
         tags=list(dict.fromkeys([*_DEFAULT_TAGS, *tags])),
-        datasets=list(datasets) or None,
+        datasets=hub_datasets or None,
         base_model=base_model,
         model_name=name if eval_results else None,
         eval_results=eval_results or None,
         widget=examples,
     )
-    body = _body(
-        config, name, model_id, base_model, datasets, training_data, results, centroids_fitted, centroid_fitting,
-        description, question,
-    )
-    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}")
-
-
-def _body(
-    config: ClusterFormerConfig,
-    name: str,
-    model_id: str | None,
-    base_model: str | None,
-    datasets: Sequence[str],
-    training_data: str | None,
-    results: list[dict],
-    centroids_fitted: Mapping[int, bool] | None,
-    centroid_fitting: str | None,
-    description: str | None,
-    question: str,
-) -> str:
-    repo = model_id or "path/to/checkpoint"
     kinds = config.encoder_layer_kinds
     global_layers = [i for i, kind in enumerate(kinds) if kind != "sliding"]
-    lines = [f"# {name}", ""]
-    if description:
-        lines += [description.strip(), ""]
-    lines += [
-        "An extractive question-answering model with the Cluster-Former architecture (Wang et al., 2021): RoBERTa "
-        "layers over overlapping sliding windows, plus clustering-based layers that let tokens attend to related "
-        "tokens anywhere in the context. The question and the whole context, up to "
-        f"{config.max_context_length:,} tokens, go through one forward pass; start and end logits cover every input token.",
-        "",
-    ]
-    if base_model:
-        lines += [f"Initialised from [`{base_model}`](https://huggingface.co/{base_model}).", ""]
-
-    lines += ["## Cluster configuration", "", "| Setting | Value |", "| --- | --- |"]
-    layer_list = ", ".join(f"{i} ({kinds[i]})" for i in global_layers) or "none (sliding-window layers only)"
-    rows = [
+    settings = [
         ("Encoder layers", f"{config.num_hidden_layers} (hidden size {config.hidden_size}, "
                            f"{config.num_attention_heads} heads)"),
-        ("Global layers (0-based)", layer_list),
+        ("Global layers (0-based)", ", ".join(f"{i} ({kinds[i]})" for i in global_layers)
+         or "none (sliding-window layers only)"),
         ("Clusters per global layer", str(config.num_clusters)),
         ("Window size / stride", f"{config.window_size} / {config.window_stride} context tokens"),
         ("Longest question", f"{config.max_question_length} tokens"),
@@ -262,78 +289,34 @@ def _body(
         ("Answerability head", "yes" if config.use_answerability_head else "no"),
         ("Centroids", _centroid_state(kinds, centroids_fitted)),
     ]
-    lines += [f"| {key} | {value} |" for key, value in rows]
-    lines += [
-        "",
-        f"All other layers are sliding-window layers: each window of {config.window_size} context tokens, "
-        f"{config.window_stride} tokens apart, is encoded together with the question, and tokens covered by "
-        "several windows take the mean of their copies. A cluster layer assigns every token to its nearest "
-        "K-Means centroid (cosine similarity), sorts the tokens by cluster and attends within chunks of "
-        f"{config.window_stride} tokens of that order, so that similar tokens far apart see each other."
-        + (" An LSH layer does the same with random-hyperplane buckets." if "lsh" in kinds else "")
-        + (" A sparse layer attends across windows between tokens at the same window position."
-           if "sparse" in kinds else ""),
-        "",
+    rows = [
+        (entry["dataset"]["name"], entry["dataset"].get("split") or "-", _fmt(entry["metrics"].get("exact_match")),
+         _fmt(entry["metrics"].get("f1")))
+        for entry in results
     ]
-    if centroid_fitting:
-        lines += [f"Centroid fitting: {centroid_fitting.strip()}", ""]
+    return ModelCard.from_template(
+        data,
+        template_path=str(TEMPLATE),
+        name=name,
+        description=(description or "").strip(),
+        config=config,
+        kinds=kinds,
+        settings=settings,
+        centroid_fitting=(centroid_fitting or "").strip(),
+        results=rows,
+        hub_datasets=hub_datasets,
+        training_data=(training_data or "").strip(),
+        repo=model_id or "path/to/checkpoint",
+        question=json.dumps(question),
+        citation=CITATION,
+    )
 
-    lines += ["## Evaluation", ""]
-    if results:
-        lines += ["| Dataset | Split | Exact match | F1 |", "| --- | --- | --- | --- |"]
-        for entry in results:
-            metrics = entry["metrics"]
-            lines.append(
-                f"| {entry['dataset']['name']} | {entry['dataset'].get('split') or '-'} | "
-                f"{_fmt(metrics.get('exact_match'))} | {_fmt(metrics.get('f1'))} |"
-            )
-        lines += ["", "Exact match and F1 are SQuAD v1.1 scores in percent, measured on the whole contexts.", ""]
-    else:
-        lines += ["Not evaluated: no exact match / F1 has been measured for this checkpoint.", ""]
 
-    if datasets or training_data:
-        lines += ["## Training data", ""]
-        if datasets:
-            lines += [", ".join(f"[`{d}`](https://huggingface.co/datasets/{d})" for d in datasets), ""]
-        if training_data:
-            lines += [training_data.strip(), ""]
-
-    lines += [
-        "## Usage",
-        "",
-        "With the `hf_clusterformer` plugin installed (`pip install hf-clusterformer`):",
-        "",
-        "```python",
-        "import hf_clusterformer",
-        "",
-        f'qa = hf_clusterformer.pipeline(model="{repo}")',
-        f"qa(question={json.dumps(question)}, context=long_text, top_k=3)",
-        "```",
-        "",
-        "Without the plugin, the model, configuration and pipeline code stored in this repository are used:",
-        "",
-        "```python",
-        "from transformers import AutoModelForQuestionAnswering, AutoTokenizer, pipeline",
-        "",
-        f'qa = pipeline("question-answering", model="{repo}", trust_remote_code=True)',
-        f"qa(question={json.dumps(question)}, context=long_text)",
-        "",
-        f'model = AutoModelForQuestionAnswering.from_pretrained("{repo}", trust_remote_code=True)',
-        f'tokenizer = AutoTokenizer.from_pretrained("{repo}")',
-        "```",
-        "",
-        "The pipeline returns `answer`, `score`, `start` and `end` (character offsets, `answer == context[start:end]`) "
-        "and accepts `top_k`, `max_answer_len`, `handle_impossible_answer` and `long_answer=True` (paragraph-level "
-        "answers; paragraphs start with `<p>` or are separated by blank lines).",
-        "",
-        "## Citation",
-        "",
-        "```bibtex",
-        CITATION,
-        "```",
-        "",
-    ]
-    return "\n".join(lines)
+def _split_datasets(datasets: Sequence[str], training_data: str | None) -> tuple[list[str], str | None]:
+    """Hub dataset ids, and the training-data text with the project's generated sets described (they have no Hub page)."""
+    generated = [GENERATED_DATASETS[d] for d in datasets if d in GENERATED_DATASETS]
+    text = " ".join([*(f"{d['description']}." for d in generated), *([training_data.strip()] if training_data else [])])
+    return [d for d in datasets if d not in GENERATED_DATASETS], text or None
 
 
 def _centroid_state(kinds: list[str], fitted: Mapping[int, bool] | None) -> str:
@@ -353,17 +336,6 @@ def _centroid_state(kinds: list[str], fitted: Mapping[int, bool] | None) -> str:
 
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
-
-
-def write_model_card(path: str | os.PathLike, *args: Any, **kwargs: Any) -> ModelCard:
-    """`make_model_card` and save it to ``path`` (a README.md file, or a directory that gets one)."""
-    card = make_model_card(*args, **kwargs)
-    path = Path(path)
-    if path.is_dir():
-        path = path / "README.md"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(str(card), encoding="utf-8")
-    return card
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -392,32 +364,88 @@ def card_from_spec(spec: Mapping[str, Any]) -> ModelCard:
     return make_model_card(spec["config"], **kwargs)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: write (or ``--check``) a card from a spec file or a config."""
-    parser = argparse.ArgumentParser(prog="python -m hf_clusterformer.modelcard", description=__doc__.splitlines()[0])
+def main(argv: Sequence[str] | None = None, prog: str = "python -m hf_clusterformer.modelcard") -> int:
+    """Command line (``clusterformer card``): write (or ``--check``) a card for a checkpoint, a spec file or a config.
+
+    Errors are one line on stderr, exit status 2.
+    """
+    from hf_clusterformer_cli import CommandError, _OneLineParser
+
+    parser = _OneLineParser(prog=prog, description=__doc__.splitlines()[0])
+    parser.add_argument("checkpoint", nargs="?", help="checkpoint directory: config, centroid state and its "
+                        "all_results.json are read from it, README.md is written into it")
     parser.add_argument("--spec", help="card spec JSON (config plus card fields)")
     parser.add_argument("--config", help="config.json or checkpoint directory (replaces the spec's config)")
-    parser.add_argument("--results", help="evaluation results JSON (replaces the spec's results)")
+    parser.add_argument("--results", help="evaluation results JSON, e.g. all_results.json (replaces the spec's results)")
     parser.add_argument("--model-id", help="Hub repo id or name")
     parser.add_argument("--base-model", help="Hub id of the base RoBERTa checkpoint")
-    parser.add_argument("--dataset", action="append", default=None, help="Hub dataset id (repeatable)")
+    parser.add_argument("--dataset", action="append", default=None,
+                        help="Hub dataset id, or longrange / local / squad-multipassage (repeatable)")
     parser.add_argument("--save-spec", action="store_true", help="write the merged spec back to --spec")
     parser.add_argument("--check", action="store_true", help="fail if --out differs from the generated card")
-    parser.add_argument("--out", required=True, help="README.md path (or directory)")
-    args = parser.parse_args(argv)
+    parser.add_argument("--out", help="README.md path or directory (default: the checkpoint's README.md)")
+    parser.add_argument("--overwrite", action="store_true", help="replace a checkpoint's differing README.md")
+    label = "clusterformer" if prog.startswith("clusterformer") else prog
+    try:
+        args = parser.parse_args(argv)
+        return _write_card(args, parser)
+    except CommandError as error:
+        message = str(error)
+    except (OSError, ValueError) as error:
+        message = str(error)
+    print(f"{label}: error: {' '.join(message.split())}", file=sys.stderr)
+    return 2
 
-    spec: dict[str, Any] = json.loads(Path(args.spec).read_text(encoding="utf-8")) if args.spec else {}
+
+def _read_json(path: str, what: str) -> Any:
+    """A JSON file, with errors that name it."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError as error:
+        raise ValueError(f"{what} {path} does not exist.") from error
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{what} {path} is not valid JSON ({error}); fix or regenerate it.") from error
+
+
+def _write_card(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    spec: dict[str, Any] = _read_json(args.spec, "--spec") if args.spec else {}
+    checkpoint = args.checkpoint
+    keep = False
+    if checkpoint is not None:
+        if not Path(checkpoint, "config.json").is_file():
+            raise ValueError(f"checkpoint {checkpoint} has no config.json; give a checkpoint directory.")
+        args.config = args.config or checkpoint
+        default_results = Path(checkpoint, "all_results.json")
+        if args.results is None and default_results.is_file():
+            args.results = str(default_results)
+        keep = args.out is None and not args.overwrite and not args.check  # a README.md the user may have edited
+        args.out = args.out or checkpoint
+        spec.setdefault("model_id", Path(checkpoint).resolve().name)
+        fitted = checkpoint_centroids_fitted(checkpoint)
+        if fitted is not None:
+            spec["centroids_fitted"] = fitted
+    if args.out is None:
+        parser.error("give --out or a checkpoint directory")
     if args.config:
+        if not Path(args.config).exists():
+            raise ValueError(f"--config {args.config} does not exist.")
         spec["config"] = _config(args.config).to_diff_dict()
         for key in _CONFIG_FILE_FIELDS:
             spec["config"].pop(key, None)
     if args.results:
-        spec["results"] = json.loads(Path(args.results).read_text(encoding="utf-8"))
+        results = _read_json(args.results, "--results")
+        spec["results"] = results
+        if isinstance(results, Mapping) and isinstance(results.get("data"), Mapping):  # all_results.json of a run
+            for key, value in run_card_data(results).items():
+                if key == "results":
+                    spec[key] = value
+                elif value:
+                    spec.setdefault(key, value)
     for key, value in (("model_id", args.model_id), ("base_model", args.base_model), ("datasets", args.dataset)):
         if value:
             spec[key] = value
     if "config" not in spec:
-        parser.error("give --spec or --config")
+        parser.error("give a checkpoint directory, --spec or --config")
     card = str(card_from_spec(spec))
     out = Path(args.out)
     if out.is_dir():
@@ -428,12 +456,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{out} is out of date; regenerate it without --check.", file=sys.stderr)
             return 1
         return 0
+    if keep and out.is_file() and out.read_text(encoding="utf-8") != card:
+        raise ValueError(f"{out} exists and differs from the new card; pass --overwrite to replace it, or --out.")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(card, encoding="utf-8")
     if args.save_spec:
         if not args.spec:
             parser.error("--save-spec needs --spec")
         Path(args.spec).write_text(json.dumps(spec, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(f"wrote {out}")
     return 0
 
 

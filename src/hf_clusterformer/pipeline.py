@@ -15,6 +15,9 @@ transformers.
 
 from __future__ import annotations
 
+import bisect
+import copy
+import itertools
 import math
 import re
 from typing import Any
@@ -22,6 +25,9 @@ from typing import Any
 import torch
 from transformers import AutoModelForQuestionAnswering, Pipeline
 from transformers.pipelines import PIPELINE_REGISTRY, REMOVED_TASKS
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
 
 TASK = "question-answering"
 #: Marks the start of a passage in multi-passage (NQ-style) contexts.
@@ -30,6 +36,7 @@ PASSAGE_TOKEN = "<p>"
 _SPLITTING_PARAMETERS = ("doc_stride", "max_seq_len", "max_question_len", "padding")
 _MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "question_lengths")
 _BLANK_LINE = re.compile(r"\n[ \t\r\f\v]*\n")
+_SENTENCE_END = re.compile(r"[.!?][\"')\]]*\s+")
 
 
 def required_model_max_length(config: Any) -> int | None:
@@ -54,11 +61,16 @@ class ClusterFormerQuestionAnsweringPipeline(Pipeline):
             (``answerable_logits``), else the ``<s>`` token's start + end logits (the SQuAD 2.0 convention of
             RoBERTa QA checkpoints). With the head, span scores become ``P(answer) * P(span | answer)``.
         long_answer (`bool`, defaults to `False`): also rank paragraphs as long answers. Paragraphs start at
-            each ``passage_token`` of the context, or are separated by blank lines when it has none; each is
-            scored by the model's ``long_answer_logits`` at its first token when the output has them, else by
-            ``start_logits`` there, softmaxed over the paragraphs.
+            each ``passage_token`` of the context, or are separated by blank lines when it has none; a context
+            with neither is cut into groups of whole sentences of at most a window (``config.window_stride``
+            tokens, 128 for other models), with a warning. Each is scored by ``start_logits`` at its first token,
+            softmaxed over the paragraphs.
         long_answer_top_k (`int`, defaults to 1): long answers per example.
         passage_token (`str`, defaults to ``"<p>"``): token that starts a paragraph.
+
+    Batches are right-padded (a left-padding tokenizer is copied with ``padding_side="right"``). Models that are not
+    Cluster-Former take inputs up to their position table (512 tokens for RoBERTa); longer ones are refused with
+    that limit, as contexts are never split.
 
     Scores lie in [0, 1]: a softmax over every valid span (context tokens only, start <= end, at most
     ``max_answer_len`` tokens) and the empty answer when allowed.
@@ -77,6 +89,9 @@ class ClusterFormerQuestionAnsweringPipeline(Pipeline):
                 "ClusterFormerQuestionAnsweringPipeline needs a fast tokenizer (for character offsets); "
                 f"got {type(self.tokenizer).__name__}."
             )
+        if getattr(self.tokenizer, "padding_side", "right") != "right":  # batches are read as right-padded
+            self.tokenizer = copy.copy(self.tokenizer)
+            self.tokenizer.padding_side = "right"
         needed = required_model_max_length(self.model.config)
         if needed is not None and (self.tokenizer.model_max_length or 0) < needed:
             self.tokenizer.model_max_length = needed
@@ -173,21 +188,18 @@ class ClusterFormerQuestionAnsweringPipeline(Pipeline):
             context=context,
             offsets=offsets,
             candidate=candidate,
-            paragraphs=_paragraphs(context, offsets, sequence_ids, token_ids, self._passage_id(passage_token))
-            if long_answer
-            else None,
+            paragraphs=self._paragraphs(context, offsets, sequence_ids, token_ids, passage_token) if long_answer else None,
         )
         return model_inputs
 
     def _forward(self, model_inputs: dict) -> dict:
-        """One forward pass: start/end logits (B, T), optional answerable (B, 2) and long-answer (B, T) logits."""
+        """One forward pass: start/end logits (B, T) and optional answerable logits (B, 2)."""
         inputs = {k: model_inputs[k] for k in _MODEL_INPUTS if k in model_inputs}
         outputs = self.model(**inputs)
         result = {"start_logits": outputs["start_logits"], "end_logits": outputs["end_logits"]}
-        for name in ("answerable_logits", "long_answer_logits"):
-            value = outputs.get(name) if hasattr(outputs, "get") else None
-            if value is not None:
-                result[name] = value
+        answerable = outputs.get("answerable_logits") if hasattr(outputs, "get") else None
+        if answerable is not None:
+            result["answerable_logits"] = answerable
         result.update({k: v for k, v in model_inputs.items() if k not in _MODEL_INPUTS})
         return result
 
@@ -224,8 +236,7 @@ class ClusterFormerQuestionAnsweringPipeline(Pipeline):
                 short.append({"score": score, "start": char_start, "end": char_end, "answer": context[char_start:char_end]})
         if not long_answer:
             return short[0] if top_k == 1 else short
-        long_logits = model_outputs.get("long_answer_logits")
-        paragraph_logits = (long_logits if long_logits is not None else model_outputs["start_logits"])[0, :length].double()
+        paragraph_logits = model_outputs["start_logits"][0, :length].double()
         return {
             "short_answers": short,
             "long_answers": rank_paragraphs(paragraph_logits, model_outputs["paragraphs"], context, long_answer_top_k),
@@ -241,11 +252,35 @@ class ClusterFormerQuestionAnsweringPipeline(Pipeline):
             raise ValueError("The question is empty after tokenization; give a non-empty question.")
         if required_model_max_length(config) is not None:
             config.check_input_lengths(question_tokens, context_tokens)
-        elif total > self.tokenizer.model_max_length:
+        elif total > self._input_limit():
             raise ValueError(
-                f"The input has {total} tokens, more than this model takes ({self.tokenizer.model_max_length}); "
-                "this pipeline does not split contexts, use a Cluster-Former model for long contexts."
+                f"The input has {total} tokens, more than this {config.model_type} model takes ({self._input_limit()}); "
+                "this pipeline does not split contexts: shorten the context, or use a Cluster-Former model "
+                "(`clusterformer convert` turns a RoBERTa checkpoint into one)."
             )
+
+    def _input_limit(self) -> int:
+        """Longest input of a model that is not Cluster-Former: its position table (RoBERTa-style positions start
+        after the padding index), or the tokenizer's limit when lower."""
+        limit = self.tokenizer.model_max_length or 10**30
+        positions = getattr(self.model.config, "max_position_embeddings", None)
+        if positions:
+            embeddings = getattr(getattr(self.model, "base_model", None), "embeddings", None)
+            padding = getattr(embeddings, "padding_idx", None)
+            limit = min(limit, positions - (padding + 1 if padding is not None else 0))
+        return int(limit)
+
+    def _paragraphs(self, context, offsets, sequence_ids, token_ids, passage_token) -> list[tuple[int, int, int]]:
+        """Long-answer candidates: passages, else blank-line paragraphs, else sentence groups of a window (warned)."""
+        spans = _paragraphs(context, offsets, sequence_ids, token_ids, self._passage_id(passage_token))
+        window = getattr(self.model.config, "window_stride", None) or 128
+        if len(spans) == 1 and sum(1 for s in sequence_ids if s == 1) > window:
+            logger.warning_once(
+                "The context has no passage tokens or blank lines: long answers are groups of whole sentences of at "
+                f"most {window} tokens."
+            )
+            spans = _sentence_groups(context, offsets, sequence_ids, window)
+        return spans
 
     def _passage_id(self, passage_token: str | None) -> int | None:
         if not passage_token:
@@ -340,7 +375,7 @@ def rank_paragraphs(
     """Rank paragraphs by the logit of their first token, softmaxed over the paragraphs.
 
     Args:
-        logits: (T,) per-token scores (``long_answer_logits`` or ``start_logits``).
+        logits: (T,) per-token scores (``start_logits``).
         paragraphs: ``(first_token, char_start, char_end)`` of every paragraph.
         context: the context text.
         top_k: paragraphs to return.
@@ -394,6 +429,23 @@ def _paragraphs(
         if gap is not None:
             begin = gap.end()
     return spans
+
+
+def _sentence_groups(
+    context: str, offsets: list[tuple[int, int]], sequence_ids: list[int | None], max_tokens: int
+) -> list[tuple[int, int, int]]:
+    """``(first_token, char_start, char_end)`` of consecutive whole sentences of at most ``max_tokens`` tokens (a
+    longer sentence stands alone)."""
+    tokens = [i for i, s in enumerate(sequence_ids) if s == 1 and offsets[i][1] > offsets[i][0]]
+    sentence_ends = [match.end() for match in _SENTENCE_END.finditer(context)]
+    groups: list[list[int]] = []
+    for _, sentence in itertools.groupby(tokens, key=lambda i: bisect.bisect_right(sentence_ends, offsets[i][0])):
+        sentence = list(sentence)
+        if groups and len(groups[-1]) + len(sentence) <= max_tokens:
+            groups[-1].extend(sentence)
+        else:
+            groups.append(sentence)
+    return [(group[0], offsets[group[0]][0], offsets[group[-1]][1]) for group in groups]
 
 
 def _pair_inputs(question, context) -> dict | list[dict]:

@@ -33,7 +33,9 @@ from .configuration_clusterformer import ClusterFormerConfig, required_position_
 from .data import build_longrange_tokenizer, build_tokenizer, load_longrange_dataset, load_multipassage_dataset
 from .data.longrange import squad_features
 from .features import misplaced_answers, postprocess_predictions, prepare_train_features, prepare_validation_features
+from .hub import save_for_hub
 from .metrics import load_squad_metric
+from .modelcard import run_card_data
 from .modeling_clusterformer import ClusterFormerForQuestionAnswering, locate_question_prefix
 
 logger = logging.getLogger(__name__)
@@ -65,6 +67,9 @@ class ModelArguments:
     window_stride: int | None = field(default=None, metadata={"help": "Window stride and chunk length (m)."})
     max_question_length: int | None = field(default=None, metadata={"help": "Question tokens allowed."})
     dropout: float | None = field(default=None, metadata={"help": "Hidden and attention dropout."})
+    max_context_length: int | None = field(
+        default=None, metadata={"help": "Context tokens a model takes (default: the checkpoint's; from scratch: max_seq_length)."}
+    )
 
     def cluster_options(self) -> dict[str, Any]:
         """Config overrides given on the command line."""
@@ -73,7 +78,7 @@ class ModelArguments:
             options["cluster_layers"] = []
         elif self.cluster_layers is not None:
             options["cluster_layers"] = self.cluster_layers
-        for name in ("num_clusters", "window_size", "window_stride", "max_question_length"):
+        for name in ("num_clusters", "window_size", "window_stride", "max_question_length", "max_context_length"):
             if getattr(self, name) is not None:
                 options[name] = getattr(self, name)
         if self.dropout is not None:
@@ -134,9 +139,18 @@ def _centroid_arguments() -> type:
 CentroidArguments = _centroid_arguments()
 
 
-def parse_args(argv: list[str] | None = None, prog: str | None = None):
-    """Parse command-line arguments into (model, data, centroid, training) argument dataclasses."""
+def parse_args(argv: list[str] | None = None, prog: str | None = None, usage_errors_raise: bool = False):
+    """Parse command-line arguments into (model, data, centroid, training) argument dataclasses.
+
+    With ``usage_errors_raise``, a bad option value raises `ValueError` instead of printing the (long) usage.
+    """
     parser = HfArgumentParser((ModelArguments, DataArguments, CentroidArguments, TrainingArguments), prog=prog)
+    if usage_errors_raise:
+
+        def error(message: str):
+            raise ValueError(f"{message} (see `{parser.prog} --help`)")
+
+        parser.error = error
     if argv is not None and len(argv) == 1 and argv[0].endswith(".json"):
         return parser.parse_json_file(json_file=os.path.abspath(argv[0]))
     return parser.parse_args_into_dataclasses(args=argv)
@@ -145,10 +159,8 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None):
 # -- data ---------------------------------------------------------------------------------------------------------
 
 
-def _flatten_squad_json(path: str) -> list[dict[str, Any]]:
+def _flatten_squad_json(data: dict[str, Any]) -> list[dict[str, Any]]:
     """Records from an official nested SQuAD json ({"data": [{"paragraphs": ...}]})."""
-    with open(path, encoding="utf-8") as handle:
-        data = json.load(handle)
     records = []
     for article in data["data"]:
         for paragraph in article["paragraphs"]:
@@ -168,16 +180,36 @@ def _flatten_squad_json(path: str) -> list[dict[str, Any]]:
     return records
 
 
+def _parse_json_file(path: str) -> Any:
+    """The parsed content of a .json file (a list of the lines' values for .jsonl); `ValueError` naming the place
+    of invalid JSON or text that is not UTF-8."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"data file {path} is not UTF-8 text (byte offset {error.start}); save it as UTF-8.") from error
+    lines = text.splitlines() if path.endswith(".jsonl") else [text]
+    values = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            values.append(json.loads(line))
+        except json.JSONDecodeError as error:
+            where = f"line {number if path.endswith('.jsonl') else error.lineno} column {error.colno}"
+            raise ValueError(f"data file {path} is not valid JSON at {where} ({error.msg}); fix that line.") from error
+    return values if path.endswith(".jsonl") else values[0] if values else None
+
+
 def _load_file(path: str) -> datasets.Dataset:
     if not os.path.exists(path):
         raise FileNotFoundError(f"data file {path} does not exist.")
-    if path.endswith(".json"):
-        with open(path, encoding="utf-8") as handle:
-            head = handle.read(2048).lstrip()
-        if head.startswith("{") and '"data"' in head and '"paragraphs"' in open(path, encoding="utf-8").read():
-            return datasets.Dataset.from_list(_flatten_squad_json(path), features=squad_features())
     if not path.endswith((".json", ".jsonl")):
         raise ValueError(f"data file {path} must be .json or .jsonl (SQuAD format).")
+    data = _parse_json_file(path)
+    if isinstance(data, dict) and isinstance(data.get("data"), list) and data["data"] and "paragraphs" in data["data"][0]:
+        return datasets.Dataset.from_list(_flatten_squad_json(data), features=squad_features())
+    if not data:
+        raise ValueError(f"data file {path} holds no records; give SQuAD-format records.")
     return datasets.load_dataset("json", data_files=path, split="train")
 
 
@@ -285,8 +317,7 @@ def load_model(model: ModelArguments, data: DataArguments, tokenizer) -> Cluster
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         type_vocab_size=1,
-        max_context_length=max(data.max_seq_length, 1),
-        **options,
+        **{"max_context_length": max(data.max_seq_length, 1), **options},
     )
     return ClusterFormerForQuestionAnswering(config)
 
@@ -370,6 +401,8 @@ def run(
     Returns the metrics dict (train loss/time, eval EM/F1, truncation counts).
     """
     start = time.time()
+    if training_args.dataloader_pin_memory and not torch.cuda.is_available():
+        training_args.dataloader_pin_memory = False  # pinned memory needs an accelerator; torch warns each epoch
     raw = load_raw_datasets(data_args, do_train=training_args.do_train)
     if training_args.do_train and "train" not in raw:
         raise ValueError("--do_train needs training data: give --train_file or a dataset with a train split.")
@@ -417,17 +450,22 @@ def run(
     metrics["seconds"] = round(time.time() - start, 1)
     if trainer.is_world_process_zero():
         os.makedirs(training_args.output_dir, exist_ok=True)
+        results = {"metrics": metrics, "data": asdict(data_args), "model": asdict(model_args)}
         with open(Path(training_args.output_dir) / "all_results.json", "w", encoding="utf-8") as handle:
-            json.dump({"metrics": metrics, "data": asdict(data_args), "model": asdict(model_args)}, handle, indent=1)
-        if training_args.do_train:
-            tokenizer.save_pretrained(training_args.output_dir)
+            json.dump(results, handle, indent=1)
+        if training_args.do_train:  # code files, auto_map, tokenizer and card: `clusterformer push` takes it as it is
+            card = {"model_id": Path(training_args.output_dir).resolve().name, **run_card_data(results)}
+            if model_args.model_name_or_path and not os.path.exists(model_args.model_name_or_path):
+                card["base_model"] = model_args.model_name_or_path
+            save_for_hub(trainer.model, tokenizer, training_args.output_dir, card_data=card)
     return metrics
 
 
-def main(argv: list[str] | None = None, prog: str | None = None) -> dict[str, Any]:
-    """Entry point of examples/run_qa.py and ``clusterformer train`` / ``evaluate``."""
+def main(argv: list[str] | None = None, prog: str | None = None, usage_errors_raise: bool = False) -> dict[str, Any]:
+    """Entry point of examples/run_qa.py and ``clusterformer train`` / ``evaluate`` (see `parse_args`)."""
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    model_args, data_args, centroid_args, training_args = parse_args(argv, prog=prog)
+    logging.getLogger("faiss").setLevel(logging.WARNING)  # which SIMD build it loaded, on every run
+    model_args, data_args, centroid_args, training_args = parse_args(argv, prog, usage_errors_raise)
     metrics = run(model_args, data_args, centroid_args, training_args)
     print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in metrics.items()}, indent=1))
     return metrics

@@ -1,0 +1,415 @@
+"""The ``clusterformer`` command: train, evaluate, predict, inspect, convert, push and card.
+
+A top-level module so that the command starts without importing ``hf_clusterformer`` (torch, transformers):
+``clusterformer --help`` and usage errors are instant; each subcommand imports what it needs.
+``hf_clusterformer.cli`` is the same command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+
+class CommandError(Exception):
+    """A user error the command reports in one line (exit status 2)."""
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """Subcommand parser whose usage errors are one line (exit status 2), like every other error of the command."""
+
+    def error(self, message: str):
+        raise CommandError(f"{message} (see `{self.prog} --help`)")
+
+
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value!r}")
+    return number
+
+
+def _read_text(path: str, what: str) -> str:
+    """A UTF-8 text file, with one-line errors naming it."""
+    if not os.path.isfile(path):
+        raise CommandError(f"{what} {path} does not exist.")
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise CommandError(
+            f"{what} {path} is not UTF-8 text (byte {error.object[error.start]:#04x} at offset {error.start}); "
+            "save it as UTF-8."
+        ) from error
+
+
+def _read_inputs(args: argparse.Namespace) -> tuple[str, str]:
+    """The question and the context file's text of predict / inspect."""
+    context = _read_text(args.context_file, "context file")
+    if not context.strip():
+        raise CommandError(f"context file {args.context_file} is empty; give a file with the context text.")
+    if not args.question.strip():
+        raise CommandError("the question is empty.")
+    return args.question, context
+
+
+def _looks_local(path: str) -> bool:
+    """Whether a model argument is meant as a directory rather than a Hub id (``name`` or ``user/name``)."""
+    return path.startswith((".", "/", "~")) or path.count("/") > 1 or path.endswith("/") or (
+        "/" in path and os.path.isdir(path.split("/")[0])
+    )
+
+
+def hub_unreachable() -> str | None:
+    """Why the Hub endpoint cannot be reached (one quick connection, no retries), or ``None`` when it can (or a proxy
+    decides)."""
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set"
+    if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY")):
+        return None
+    url = urlsplit(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=5).close()
+    except OSError as error:
+        return f"{constants.ENDPOINT} cannot be reached ({error.strerror or error})"
+    return None
+
+
+def check_model_path(path: str, option: str = "checkpoint") -> None:
+    """Fail fast on a missing local checkpoint directory, or on a Hub id when the Hub cannot be reached."""
+    if os.path.isfile(path):
+        raise CommandError(f"{option} {path} is a file; give the checkpoint directory (with config.json).")
+    if os.path.isdir(path):
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise CommandError(f"{option} {path} has no config.json; give a checkpoint directory.")
+        return
+    if _looks_local(path):
+        raise CommandError(f"{option} directory {path} does not exist.")
+    from huggingface_hub import try_to_load_from_cache
+
+    reason = hub_unreachable()
+    if reason and not isinstance(try_to_load_from_cache(path, "config.json"), str):
+        raise CommandError(
+            f"{option} {path} is not a local directory, and the Hub is out of reach: {reason}; give an existing directory."
+        )
+
+
+def _weights_error(path: str, error: Exception) -> str:
+    """A one-line message naming the unreadable safetensors file of checkpoint ``path``."""
+    from safetensors import SafetensorError, safe_open
+
+    for file in sorted(Path(path).glob("*.safetensors")) if os.path.isdir(path) else []:
+        try:
+            with safe_open(str(file), framework="pt") as weights:
+                weights.keys()
+        except SafetensorError as bad:
+            return f"{file} is not a readable safetensors file ({bad}); save or download the checkpoint again."
+    return f"could not read the weights of {path}: {error}"
+
+
+def _load_qa_model(path: str, max_context_length: int | None = None):
+    """A Cluster-Former QA model and its tokenizer from a checkpoint directory or Hub id, with clear errors."""
+    from safetensors import SafetensorError
+    from transformers import AutoTokenizer
+
+    from hf_clusterformer.modeling_clusterformer import ClusterFormerForQuestionAnswering
+
+    check_model_path(path)
+    options = {} if max_context_length is None else {"max_context_length": max_context_length}
+    try:
+        model = ClusterFormerForQuestionAnswering.from_pretrained(path, **options)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except SafetensorError as error:
+        raise CommandError(_weights_error(path, error)) from error
+    except (OSError, ValueError, json.JSONDecodeError) as error:
+        raise CommandError(f"could not load a Cluster-Former checkpoint from {path}: {error}") from error
+    return model.eval(), tokenizer
+
+
+def _device(value: str | None) -> str | None:
+    """Check ``--device`` against this torch build."""
+    if value is None:
+        return None
+    import torch
+
+    try:
+        device = torch.device(value)
+    except RuntimeError as error:
+        raise CommandError(f"--device {value} is not a device name; use cpu, cuda, cuda:1 or mps.") from error
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise CommandError(f"--device {value}: this torch build ({torch.__version__}) sees no CUDA GPU; use --device cpu.")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise CommandError(f"--device {value}: there are {torch.cuda.device_count()} CUDA devices; use cuda:0.")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise CommandError(f"--device {value}: MPS is not available here; use --device cpu.")
+    elif device.type not in ("cpu", "cuda", "mps"):
+        raise CommandError(f"--device {value}: use cpu, cuda, cuda:1 or mps.")
+    return value
+
+
+def _option_value(argv: list[str], name: str) -> str | None:
+    """The value of ``--name`` (either spelling, ``--name value`` or ``--name=value``) in a run_qa argument list."""
+    spellings = {f"--{name}", f"--{name.replace('_', '-')}"}
+    for index, token in enumerate(argv):
+        option, equals, value = token.partition("=")
+        if option in spellings:
+            return value if equals else (argv[index + 1] if index + 1 < len(argv) else None)
+    return None
+
+
+def _cmd_train(argv: list[str], evaluate_only: bool) -> int:
+    from safetensors import SafetensorError
+
+    from hf_clusterformer.qa_training import main as run_qa
+
+    given = {token.partition("=")[0].replace("-", "_") for token in argv if token.startswith("--")}
+    model_path = _option_value(argv, "model_name_or_path")
+    if evaluate_only and model_path is None:
+        raise CommandError("evaluate needs --model_name_or_path (a trained Cluster-Former checkpoint).")
+    if model_path is not None:
+        check_model_path(model_path, "--model_name_or_path")
+    # Evaluate when there is validation data: a --train_file alone means training only.
+    evaluate = evaluate_only or not (_option_value(argv, "train_file") and not _option_value(argv, "validation_file"))
+    flags = (["--do_train"] if not evaluate_only else []) + (["--do_eval"] if evaluate else [])
+    argv = list(argv) + [flag for flag in flags if flag.replace("-", "_") not in given]
+    if "__output_dir" not in given:
+        argv += ["--output_dir", "outputs/run_qa"]
+    try:
+        run_qa(argv, prog=f"clusterformer {'evaluate' if evaluate_only else 'train'}", usage_errors_raise=True)
+    except SafetensorError as error:
+        raise CommandError(_weights_error(model_path or "", error)) from error
+    except (OSError, ValueError) as error:  # data files, checkpoints and options
+        raise CommandError(str(error)) from error
+    return 0
+
+
+def _cmd_predict(args: argparse.Namespace) -> int:
+    from hf_clusterformer.pipeline import pipeline
+
+    question, context = _read_inputs(args)
+    device = _device(args.device)
+    model, tokenizer = _load_qa_model(args.model, args.max_context_length)
+    qa = pipeline(model=model, tokenizer=tokenizer, device=device)
+    encoding = tokenizer(question, context)
+    tokens = len(encoding["input_ids"])
+    context_tokens = sum(1 for sequence in encoding.sequence_ids() if sequence == 1)
+    if context_tokens > model.config.max_context_length:
+        raise CommandError(
+            f"context file {args.context_file} has {context_tokens} tokens, more than the checkpoint's "
+            f"max_context_length ({model.config.max_context_length}); pass --max-context-length {context_tokens} "
+            "or shorten the file."
+        )
+    start = time.perf_counter()
+    try:
+        answers = qa(question=question, context=context, top_k=args.top_k, max_answer_len=args.max_answer_length)
+    except ValueError as error:
+        raise CommandError(f"cannot answer over {args.context_file}: {error}") from error
+    seconds = time.perf_counter() - start
+    answers = answers if isinstance(answers, list) else [answers]
+    if args.json:
+        print(json.dumps({"answers": answers, "seconds": seconds, "tokens": tokens}, indent=1))
+    else:
+        for rank, answer in enumerate(answers, 1):
+            print(f"{rank}. {answer['answer']!r}  score {answer['score']:.4f}  chars {answer['start']}-{answer['end']}")
+        print(f"{tokens} tokens in one forward pass, {seconds:.2f} s")
+    return 0
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from hf_clusterformer.inspection import inspect_clusters
+
+    question, context = _read_inputs(args)
+    if args.plot:
+        folder = Path(args.plot).resolve().parent
+        if not folder.is_dir():
+            raise CommandError(f"--plot {args.plot}: folder {folder} does not exist; create it or give another path.")
+    model, tokenizer = _load_qa_model(args.model, args.max_context_length)
+    try:
+        report = inspect_clusters(model, tokenizer, question, context, layer=args.layer)
+    except ValueError as error:
+        raise CommandError(str(error)) from error
+    print(report.format(max_clusters=args.max_clusters))
+    if args.plot:
+        try:
+            print(f"plot written to {report.plot(args.plot)}")
+        except ImportError as error:
+            raise CommandError(f"--plot {args.plot}: {error}") from error
+    return 0
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from hf_clusterformer.hub import convert_roberta_checkpoint, push_model
+
+    try:
+        converted = convert_roberta_checkpoint(
+            args.source,
+            args.output_dir,
+            cluster_layers=args.cluster_layers,
+            num_clusters=args.num_clusters,
+            window_size=args.window_size,
+            window_stride=args.window_stride,
+            global_layer_type=args.global_layer_type,
+            max_question_length=args.max_question_length,
+            use_answerability_head=args.answerability_head,
+        )
+    except (OSError, ValueError) as error:
+        raise CommandError(f"could not convert {args.source}: {error}") from error
+    print(f"wrote {converted.path} (cluster layers {converted.config.cluster_layers}, {converted.config.num_clusters} clusters)")
+    if converted.newly_initialized:
+        print(f"newly initialised (train before use): {', '.join(converted.newly_initialized)}")
+    if args.push_to:
+        info = push_model(converted.path, args.push_to, private=args.private)
+        print(f"pushed to {args.push_to}: {getattr(info, 'oid', info)}")
+    return 0
+
+
+def _cmd_push(args: argparse.Namespace) -> int:
+    import httpx
+    from huggingface_hub.errors import HfHubHTTPError
+
+    from hf_clusterformer.hub import hub_files, push_model
+
+    if not os.path.isdir(args.checkpoint):
+        raise CommandError(f"checkpoint directory {args.checkpoint} does not exist.")
+    target = f"{args.checkpoint} to {args.repo_id}"
+    try:
+        reason = hub_unreachable()
+        if reason:
+            raise ConnectionError(reason)
+        info = push_model(args.checkpoint, args.repo_id, private=args.private, commit_message=args.message)
+    except ValueError as error:
+        raise CommandError(f"{error}; write checkpoints with `clusterformer train` or hf_clusterformer.hub.save_for_hub.") from error
+    except HfHubHTTPError as error:
+        status = error.response.status_code if error.response is not None else None
+        fix = "log in with `hf auth login` or set HF_TOKEN to a token with write access" if status in (401, 403) else "retry later"
+        raise CommandError(f"the Hub refused to push {target} (HTTP {status}); {fix}.") from error
+    except (OSError, httpx.HTTPError) as error:  # unreachable, or the connection dropped during the upload
+        raise CommandError(f"cannot push {target}: {error}; check the network or HF_ENDPOINT.") from error
+    print(f"pushed {target}: {getattr(info, 'oid', info)}")
+    skipped = Counter(name.split("/")[0] + ("/" if "/" in name else "") for name in hub_files(args.checkpoint)[1])
+    if skipped:
+        listed = ", ".join(name + (f" ({count} files)" if name.endswith("/") else "") for name, count in skipped.items())
+        print(f"skipped (training state, not uploaded): {listed}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="clusterformer",
+        description="Cluster-Former: long-context extractive QA with clustering-based sparse attention.",
+        epilog="Options take dashes or underscores (--max-answer-length or --max_answer_length).",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_OneLineParser)
+    commands.required = True
+
+    commands.add_parser(
+        "train",
+        help="train (and evaluate) on generated, multi-passage or SQuAD-format data",
+        description="Train and evaluate; all options of examples/run_qa.py apply (see `clusterformer train --help`).",
+        add_help=False,
+    )
+    commands.add_parser(
+        "evaluate",
+        help="evaluate a trained checkpoint (EM/F1)",
+        description="Evaluate --model_name_or_path; all options of examples/run_qa.py apply.",
+        add_help=False,
+    )
+    commands.add_parser(
+        "card",
+        help="write the model card (README.md) of a checkpoint, with its results",
+        description="Write a model card; see `clusterformer card --help`.",
+        add_help=False,
+    )
+
+    for name, text in (("predict", "answer a question over a long context file"),
+                       ("inspect", "show which tokens share a cluster (paper Table 6)")):
+        command = commands.add_parser(name, help=text)
+        command.add_argument("model", help="Cluster-Former QA checkpoint (directory or Hub id)")
+        command.add_argument("--question", required=True)
+        command.add_argument("--context-file", required=True, help="UTF-8 text file with the context")
+        command.add_argument("--max-context-length", type=_positive_int, default=None,
+                             help="raise the checkpoint's context limit (tokens)")
+        if name == "predict":
+            command.add_argument("--top-k", type=_positive_int, default=1)
+            command.add_argument("--max-answer-length", type=_positive_int, default=30, help="in tokens")
+            command.add_argument("--device", default=None, help="e.g. cpu, cuda, cuda:1")
+            command.add_argument("--json", action="store_true", help="print JSON")
+        else:
+            command.add_argument("--layer", type=int, default=None, help="cluster layer index (default: the first)")
+            command.add_argument("--max-clusters", type=_positive_int, default=20)
+            command.add_argument("--plot", default=None,
+                                 help="write a PNG of cluster id against position (needs matplotlib)")
+
+    convert = commands.add_parser("convert", help="turn a RoBERTa checkpoint into a Cluster-Former one (and push it)")
+    convert.add_argument("source", help="RoBERTa / RobertaForQuestionAnswering checkpoint (directory or Hub id)")
+    convert.add_argument("output_dir")
+    convert.add_argument("--cluster-layers", type=int, nargs="*", default=None, help="0-based (default: paper placement)")
+    convert.add_argument("--num-clusters", type=int, default=64)
+    convert.add_argument("--window-size", type=int, default=256)
+    convert.add_argument("--window-stride", type=int, default=224)
+    convert.add_argument("--global-layer-type", default="cluster", choices=["cluster", "lsh", "sparse"])
+    convert.add_argument("--max-question-length", type=int, default=64)
+    convert.add_argument("--answerability-head", action="store_true")
+    convert.add_argument("--push-to", default=None, help="Hub repo id to push the result to")
+    convert.add_argument("--private", action="store_true")
+
+    push = commands.add_parser("push", help="push a Cluster-Former checkpoint directory (weights, centroids, code, card)")
+    push.add_argument("checkpoint")
+    push.add_argument("repo_id")
+    push.add_argument("--private", action="store_true")
+    push.add_argument("--message", default="Upload Cluster-Former checkpoint")
+    return parser
+
+
+def _dash_options(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """``--max_answer_length`` spelt as the subcommand's ``--max-answer-length`` (both spellings work everywhere)."""
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    command = commands.choices.get(argv[0]) if argv else None
+    if command is None:
+        return argv
+    known = {option for action in command._actions for option in action.option_strings}
+    normalised = [argv[0]]
+    for token in argv[1:]:
+        option, equals, value = token.partition("=")
+        dashed = "--" + option[2:].replace("_", "-")
+        normalised.append(dashed + equals + value if option.startswith("--") and dashed in known else token)
+    return normalised
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] in ("train", "evaluate"):
+            if "-h" in argv[1:] or "--help" in argv[1:]:
+                from hf_clusterformer.qa_training import parse_args
+
+                parse_args(["--help"], prog=f"clusterformer {argv[0]}")
+            return _cmd_train(argv[1:], evaluate_only=argv[0] == "evaluate")
+        if argv and argv[0] == "card":
+            from hf_clusterformer.modelcard import main as card
+
+            return card(argv[1:], prog="clusterformer card")
+        parser = build_parser()
+        args = parser.parse_args(_dash_options(parser, argv))
+        handler = {"predict": _cmd_predict, "inspect": _cmd_inspect, "convert": _cmd_convert, "push": _cmd_push}
+        return handler[args.command](args)
+    except CommandError as error:
+        print(f"clusterformer: error: {' '.join(str(error).split())}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

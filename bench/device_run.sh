@@ -42,10 +42,10 @@ if [ "$size" = tiny ]; then
   step kmeans 60 $python bench/bench_kmeans.py --n 4000 --dim 32 --clusters 8 --iters 3 --backends torch
   step reproduce 300 $python bench/reproduce_longrange.py --preset smoke --output_dir "$out"
 else
-  step encoder 150 $python bench/bench_encoder.py --lengths 4096 8192 16384 32768 131072 --train --repeats 2 \
+  step encoder 120 $python bench/bench_encoder.py --lengths 4096 8192 16384 32768 131072 --train --repeats 2 \
     --max_seconds 6 --json "$out/encoder.json"
   step kmeans 40 $python bench/bench_kmeans.py --n 100000 --dim 1024 --clusters 64 256 512 --backends torch
-  step reproduce 330 $python bench/reproduce_longrange.py --preset gpu --pretrained "$pretrained" --output_dir "$out"
+  step reproduce 370 $python bench/reproduce_longrange.py --preset gpu --pretrained "$pretrained" --time_budget 330 --output_dir "$out"
 fi
 echo "done in $(( $(date +%s) - started )) s; results in $out" | tee -a "$out/summary.txt"
 exit $status

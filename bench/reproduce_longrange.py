@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from hf_clusterformer.experiment import VARIANTS, compare, make_preset
+from hf_clusterformer.experiment import VARIANTS, Stage, compare, make_preset
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -46,7 +46,8 @@ def main(argv: list[str] | None = None) -> dict:
         key, value = item.split("=", 1)
         if not hasattr(preset, key):
             parser.error(f"--set {item}: the recipe has no field {key!r}")
-        setattr(preset, key, json.loads(value))
+        value = json.loads(value)
+        setattr(preset, key, [Stage(**stage) for stage in value] if key == "stages" else value)
     if args.seeds:
         preset.seeds = args.seeds
     if args.variants:

@@ -56,3 +56,21 @@ def test_device_script_runs_at_tiny_sizes(tmp_path):
     assert {row["model"] for row in rows} >= {"clusterformer", "floor", "longformer", "bigbird", "modernbert"}
     assert {row["mode"] for row in rows} == {"forward", "train"}
     assert (tmp_path / "results.md").is_file()
+
+
+def test_a_run_over_its_time_share_trains_fewer_steps_and_later_runs_match(tmp_path, monkeypatch):
+    import torch
+
+    from hf_clusterformer import experiment
+
+    monkeypatch.setattr(experiment, "_STEP_PLAN", {})
+    preset = make_preset("smoke")
+    for stage in preset.stages:
+        stage.steps = 400
+    source = experiment.resolve_pretrained(preset, None, tmp_path)
+    first = experiment.run_one("clusterformer", 0, preset, source, tmp_path, torch.device("cpu"), torch.float32, 1,
+                               train_seconds=0.5)
+    assert all(20 <= steps < 400 for steps in first["steps"].values())
+    second = experiment.run_one("sliding", 0, preset, source, tmp_path, torch.device("cpu"), torch.float32, 1)
+    assert second["steps"] == first["steps"]
+    assert [e["step"] for e in second["log"] if e["stage"] == "far"][-1] == first["steps"]["far"]

@@ -126,16 +126,16 @@ def make_preset(name: str) -> Preset:
             time_budget=3600,
         )
     if name == "gpu":
+        far = {"twin": _twin(1000, 2500, 400), "longrange": _chains(1000, 2500, 400), "local": _chains(1000, 2500, 400)}
         return Preset(
             pretrained="minilm", window_size=64, window_stride=56, cluster_layers=[3], num_clusters=128,
             stages=[
-                Stage("near", {"twin": _twin(300, 500, 0, 20), "local": _chains(100, 200, 5)}, 400, 32, 1e-4),
-                Stage("far", {"twin": _twin(1000, 4000, 400), "longrange": _chains(1000, 4000, 400),
-                              "local": _chains(1000, 4000, 400)}, 600, 16, 5e-5),
+                Stage("near", {"twin": _twin(300, 500, 0, 20), "local": _chains(150, 250, 5)}, 300, 32, 1e-4),
+                Stage("far", far, 800, 16, 5e-5),
             ],
-            eval={"twin": _twin(1000, 4000, 400), "longrange": _chains(1000, 4000, 400), "local": _chains(1000, 4000, 400)},
-            eval_samples=200, train_samples=6000, seeds=[0, 1, 2], variants=["clusterformer", "sliding", "lsh", "sparse"],
-            centroid_update_steps=50, memory_size=50_000, time_budget=460,
+            eval=far, eval_samples=200, train_samples=6000, seeds=[0, 1, 2],
+            variants=["clusterformer", "sliding", "lsh", "sparse"],
+            centroid_update_steps=100, memory_size=50_000, time_budget=460,
         )
     raise ValueError(f"unknown preset {name!r}; choose smoke, cpu or gpu.")
 
@@ -291,10 +291,19 @@ def evaluate(model, tokenizer, records: list[dict], preset: Preset, device, dtyp
 _TRAIN_DATA: dict[tuple, list[dict]] = {}
 
 
+#: Steps per stage fixed by the first run that had to shorten them (`run_one`'s ``train_seconds``); later runs of
+#: the process take the same steps, so that every variant is trained alike.
+_STEP_PLAN: dict[str, int] = {}
+
+
 def run_one(variant: str, seed: int, preset: Preset, source: Path, work: Path, device: torch.device, dtype,
-            threads: int | None, save_dir: Path | None = None) -> dict:
+            threads: int | None, save_dir: Path | None = None, train_seconds: float | None = None) -> dict:
     """Fine-tune one variant with one seed through every stage, then evaluate it (and save it under
-    ``save_dir/<variant>`` for the first seed)."""
+    ``save_dir/<variant>`` for the first seed).
+
+    With ``train_seconds``, the first run times its first 10 steps of each stage and, when the stage would take
+    more than its share of ``train_seconds``, trains fewer steps; every later run in the process trains as many.
+    """
     if threads:
         torch.set_num_threads(threads)
     from transformers import AutoTokenizer
@@ -331,13 +340,24 @@ def run_one(variant: str, seed: int, preset: Preset, source: Path, work: Path, d
         data = _TRAIN_DATA[key]
         trained = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(trained, lr=stage.learning_rate, weight_decay=0.01)
-        warmup = max(1, stage.steps // 20)
+        plan = {"steps": _STEP_PLAN.get(stage.name, stage.steps)}
+        warmup = max(1, plan["steps"] // 20)
         schedule = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: min((step + 1) / warmup, max(0.0, (stage.steps - step) / max(1, stage.steps - warmup))))
+            optimizer, lambda step: min((step + 1) / warmup, max(0.0, (plan["steps"] - step) / max(1, plan["steps"] - warmup))))
+        share = train_seconds * stage.steps / sum(st.steps for st in preset.stages) if train_seconds else None
         model.train()
         order = torch.randperm(len(data), generator=generator).tolist()
         position, losses = 0, []
-        for step in range(stage.steps):
+        stage_started = time.time()
+        step = 0
+        while step < plan["steps"]:
+            if step == 10 and share and stage.name not in _STEP_PLAN:
+                projected = (time.time() - stage_started) / 10 * plan["steps"]
+                if projected > share:
+                    plan["steps"] = max(20, int(plan["steps"] * share / projected))
+                    print(f"[{variant}/seed {seed}] {stage.name}: {projected:.0f} s projected for {stage.steps} steps, "
+                          f"more than {share:.0f} s: {plan['steps']} steps for every run", flush=True)
+                _STEP_PLAN[stage.name] = plan["steps"]
             if position + stage.batch_size > len(order):
                 order, position = torch.randperm(len(data), generator=generator).tolist(), 0
             batch = [data[i] for i in order[position: position + stage.batch_size]]
@@ -356,8 +376,9 @@ def run_one(variant: str, seed: int, preset: Preset, source: Path, work: Path, d
             if updater is not None:
                 updater.step()
             losses.append(loss.item())
-            if (step + 1) % 25 == 0 or step + 1 == stage.steps:
-                log.append({"stage": stage.name, "step": step + 1, "loss": round(float(np.mean(losses[-25:])), 4),
+            step += 1
+            if step % 25 == 0 or step == plan["steps"]:
+                log.append({"stage": stage.name, "step": step, "loss": round(float(np.mean(losses[-25:])), 4),
                             "seconds": round(time.time() - started, 1)})
                 print(f"[{variant}/seed {seed}] {json.dumps(log[-1])}", flush=True)
     train_seconds = time.time() - started
@@ -377,7 +398,7 @@ def run_one(variant: str, seed: int, preset: Preset, source: Path, work: Path, d
         save_for_hub(model.cpu().eval(), tokenizer, save_dir / variant, card_data={k: v for k, v in card.items() if v is not None})
     return {"variant": variant, "seed": seed, "scores": scores, "train_seconds": round(train_seconds, 1),
             "eval_seconds": round(time.time() - started - train_seconds, 1), "log": log,
-            "steps": {s.name: s.steps for s in preset.stages}}
+            "steps": {s.name: _STEP_PLAN.get(s.name, s.steps) for s in preset.stages}}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -482,9 +503,13 @@ def compare(
     source = resolve_pretrained(preset, pretrained, work)
     for variant in preset.variants:  # every variant is converted once, up front
         build_model(source, work, preset, variant)
-    queue = [(v, s) for s in preset.seeds for v in preset.variants if v in ("clusterformer", "sliding")]
-    queue += [(v, s) for s in preset.seeds[: preset.extra_variant_seeds] for v in preset.variants
+    # the main pair on two seeds, then the other layer types, then the main pair's other seeds: a time budget that
+    # cuts the queue short keeps a comparison of every variant
+    main = [(v, s) for s in preset.seeds for v in preset.variants if v in ("clusterformer", "sliding")]
+    others = [(v, s) for s in preset.seeds[: preset.extra_variant_seeds] for v in preset.variants
               if v not in ("clusterformer", "sliding")]
+    split = 2 * sum(v in ("clusterformer", "sliding") for v in preset.variants)
+    queue = main[:split] + others + main[split:]
     save_dir = output if save_models else None
     runs: list[dict] = []
     skipped: list[str] = []
@@ -518,7 +543,10 @@ def compare(
         for position, (variant, seed) in enumerate(queue):
             if not fits(position):
                 break
-            record(run_one(variant, seed, preset, source, work, device, dtype, None, save_dir))
+            # room for the main pair on two seeds and the other layer types, each trained alike
+            per_run = 0.8 * (budget - (time.time() - started)) / max(1, min(len(queue), split + len(others)))
+            record(run_one(variant, seed, preset, source, work, device, dtype, None, save_dir,
+                           train_seconds=per_run if not runs else None))
 
     meta = {
         "preset": name, "device": str(device),
@@ -526,7 +554,7 @@ def compare(
         "dtype": str(dtype).replace("torch.", ""), "torch": torch.__version__,
         "transformers": __import__("transformers").__version__, "python": platform.python_version(),
         "wall_seconds": round(time.time() - started, 1), "skipped": skipped,
-        "steps": {s.name: s.steps for s in preset.stages}, "preset_settings": asdict(preset),
+        "steps": {s.name: _STEP_PLAN.get(s.name, s.steps) for s in preset.stages}, "preset_settings": asdict(preset),
     }
     report = write_report(output, runs, meta, list(preset.eval))
     print(report + (f"skipped (time budget): {', '.join(skipped)}\n" if skipped else ""), flush=True)

@@ -24,7 +24,8 @@ from typing import Any
 
 import torch
 from transformers import AutoModelForQuestionAnswering, Pipeline
-from transformers.pipelines import PIPELINE_REGISTRY, REMOVED_TASKS
+import transformers.pipelines as hf_pipelines
+from transformers.pipelines import PIPELINE_REGISTRY
 from transformers.utils import logging
 
 logger = logging.get_logger(__name__)
@@ -488,7 +489,7 @@ def register_pipeline() -> None:
     ``pipeline("question-answering", ...)`` raise before looking at the registry; registering takes the task
     name off that list.
     """
-    REMOVED_TASKS.pop(TASK, None)
+    getattr(hf_pipelines, "REMOVED_TASKS", {}).pop(TASK, None)  # transformers >= 5.2x lists removed tasks
     current = PIPELINE_REGISTRY.supported_tasks.get(TASK, {}).get("impl")
     if current is not ClusterFormerQuestionAnsweringPipeline:
         if current is not None and getattr(current, "__name__", None) == ClusterFormerQuestionAnsweringPipeline.__name__:

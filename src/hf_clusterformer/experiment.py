@@ -301,7 +301,7 @@ def run_one(variant: str, seed: int, preset: Preset, source: Path, work: Path, d
     """Fine-tune one variant with one seed through every stage, then evaluate it (and save it under
     ``save_dir/<variant>`` for the first seed).
 
-    With ``train_seconds``, the first run times its first 10 steps of each stage and, when the stage would take
+    With ``train_seconds``, the first run times steps 10-30 of each stage and, when the stage would take
     more than its share of ``train_seconds``, trains fewer steps; every later run in the process trains as many.
     """
     if threads:
@@ -348,13 +348,14 @@ def run_one(variant: str, seed: int, preset: Preset, source: Path, work: Path, d
         model.train()
         order = torch.randperm(len(data), generator=generator).tolist()
         position, losses = 0, []
-        stage_started = time.time()
-        step = 0
+        step, warm_started = 0, time.time()
         while step < plan["steps"]:
-            if step == 10 and share and stage.name not in _STEP_PLAN:
-                projected = (time.time() - stage_started) / 10 * plan["steps"]
+            if step == 10:  # steps 10-30 are timed: the first ones pay for warm-up (kernels, the first K-Means fit)
+                warm_started = time.time()
+            if step == 30 and share and stage.name not in _STEP_PLAN:
+                projected = (time.time() - warm_started) / 20 * plan["steps"]
                 if projected > share:
-                    plan["steps"] = max(20, int(plan["steps"] * share / projected))
+                    plan["steps"] = max(30, int(plan["steps"] * share / projected))
                     print(f"[{variant}/seed {seed}] {stage.name}: {projected:.0f} s projected for {stage.steps} steps, "
                           f"more than {share:.0f} s: {plan['steps']} steps for every run", flush=True)
                 _STEP_PLAN[stage.name] = plan["steps"]

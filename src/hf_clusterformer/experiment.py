@@ -103,27 +103,26 @@ def make_preset(name: str) -> Preset:
             centroid_update_steps=2, memory_size=2000, time_budget=120, num_facts=4,
         )
     if name == "demo":
-        return Preset(
-            pretrained="minilm", window_size=32, window_stride=28, cluster_layers=[2], num_clusters=32,
-            num_layers=4, frozen_layers=2, num_facts=12,
-            stages=[
-                Stage("near", {"twin": _twin(120, 160, 0, 10), "local": _chains(60, 90, 5)}, 100, 8, 2e-4),
-                Stage("far", {"twin": _twin(220, 280, 120), "local": _chains(220, 280, 120)}, 200, 8, 1e-4),
-            ],
-            eval={"twin": _twin(220, 280, 120), "local": _chains(220, 280, 120)},
-            eval_samples=100, train_samples=2000, seeds=[0], variants=["clusterformer", "sliding"],
-            centroid_update_steps=50, memory_size=20_000, time_budget=600,
-        )
-    if name == "cpu":
+        far = {"twin": _twin(260, 320, 200), "local": _chains(260, 320, 200)}
         return Preset(
             pretrained="minilm", window_size=32, window_stride=28, cluster_layers=[3], num_clusters=64,
             stages=[
-                Stage("near", {"twin": _twin(150, 250, 0, 10), "local": _chains(60, 90, 5)}, 300, 8, 1e-4),
-                Stage("far", {"twin": _twin(350, 450, 200), "local": _chains(350, 450, 200)}, 600, 8, 5e-5),
+                Stage("near", {"twin": _twin(120, 160, 0, 10), "local": _chains(60, 90, 5)}, 150, 4, 1e-4),
+                Stage("far", far, 150, 4, 5e-5),
             ],
-            eval={"twin": _twin(350, 450, 200), "longrange": _chains(350, 450, 200), "local": _chains(350, 450, 200)},
-            eval_samples=150, train_samples=3000, seeds=[0, 1, 2], variants=["clusterformer", "sliding"],
-            time_budget=3600,
+            eval=far, eval_samples=100, train_samples=2000, seeds=[0], variants=["clusterformer", "sliding"],
+            centroid_update_steps=50, memory_size=20_000, time_budget=600,
+        )
+    if name == "cpu":
+        far = {"twin": _twin(350, 450, 200), "longrange": _chains(350, 450, 200), "local": _chains(350, 450, 200)}
+        return Preset(
+            pretrained="minilm", window_size=32, window_stride=28, cluster_layers=[3], num_clusters=64,
+            stages=[
+                Stage("near", {"twin": _twin(150, 250, 0, 10), "local": _chains(60, 90, 5)}, 200, 8, 1e-4),
+                Stage("far", far, 400, 8, 5e-5),
+            ],
+            eval=far, eval_samples=150, train_samples=3000, seeds=[0], variants=["clusterformer", "sliding"],
+            centroid_update_steps=50, memory_size=20_000, time_budget=3600,
         )
     if name == "gpu":
         far = {"twin": _twin(1000, 2500, 400), "longrange": _chains(1000, 2500, 400), "local": _chains(1000, 2500, 400)}

@@ -12,8 +12,9 @@
    the two mentions shared a chunk in the cluster layer, save both models (weights, centroids, tokenizer, code,
    card) under ``--output_dir``, and answer one question over a long context with the pipeline.
 
-``python examples/demo.py --output_dir outputs`` (what ``make demo`` runs); ``--from_scratch`` runs the earlier demo
-that trains small models from scratch (`examples/demo_from_scratch.py`).
+``python examples/demo.py --output_dir outputs`` (what ``make demo`` runs); ``--quick`` checks the whole path in
+seconds with a tiny random BERT; ``--from_scratch`` runs the earlier demo that trains small models from scratch
+(`examples/demo_from_scratch.py`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--output_dir", default="outputs")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--pretrained", default=None, help="folder of the MiniLM files (default: the user cache)")
+    parser.add_argument("--quick", action="store_true", help="seconds: the smoke recipe (a tiny random BERT)")
     parser.add_argument("--from_scratch", action="store_true", help="run the from-scratch demo instead")
     args, rest = parser.parse_known_args()
     if rest and not args.from_scratch:
@@ -51,21 +53,22 @@ def main() -> None:
         runpy.run_path(sys.argv[0], run_name="__main__")
         return
     started = time.time()
-    preset = make_preset("demo")
+    recipe = "smoke" if args.quick else "demo"
+    preset = make_preset(recipe)
     preset.seeds = [args.seed]
     output = Path(args.output_dir)
     print(f"1-3/4 fetching all-MiniLM-L6-v2, converting it, fine-tuning Cluster-Former and the sliding-window model "
           f"side by side ({' + '.join(f'{s.steps} {s.name}' for s in preset.stages)} steps)", flush=True)
     try:
-        result = compare(preset, output, name="demo", pretrained=args.pretrained, save_models=True)
+        result = compare(preset, output, name=recipe, pretrained=args.pretrained, save_models=True)
     except PretrainedUnavailableError as error:
         sys.exit(f"demo: {error}")
 
     print("4/4 answering one question over a long context with the Cluster-Former model", flush=True)
     model = ClusterFormerForQuestionAnswering.from_pretrained(output / "clusterformer").eval()
     qa = qa_pipeline(model=model, tokenizer=str(output / "clusterformer"))
-    example = generate_longrange_dataset(1, args.seed + 7, context_tokens=(1500, 1800), kind="twin", split="test",
-                                         min_gap_tokens=900, num_facts=preset.num_facts)[0]
+    example = generate_longrange_dataset(1, args.seed + 7, context_tokens=(600, 700), kind="twin", split="test",
+                                         min_gap_tokens=400, num_facts=preset.num_facts)[0]
     start = time.perf_counter()
     answer = qa(question=example["question"], context=example["context"], max_answer_len=preset.max_answer_length)
     seconds = time.perf_counter() - start

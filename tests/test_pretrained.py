@@ -33,8 +33,9 @@ def _bert_source(path: Path, qa_head: bool = False, layers: int = 2) -> Path:
     """A random tiny BERT (or BertForQuestionAnswering) with a word-level WordPiece vocabulary."""
     path.mkdir(parents=True, exist_ok=True)
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", "?", *WORDS]
-    (path / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    BertTokenizerFast(vocab_file=str(path / "vocab.txt")).save_pretrained(path)
+    tokenizer = BertTokenizerFast(vocab={token: i for i, token in enumerate(vocab)})
+    assert tokenizer.unk_token_id not in tokenizer("Where does Zorvan live?")["input_ids"]
+    tokenizer.save_pretrained(path)
     torch.manual_seed(0)
     config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=layers, num_attention_heads=4,
                         intermediate_size=64, max_position_embeddings=64, pad_token_id=0)

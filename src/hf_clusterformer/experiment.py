@@ -187,8 +187,7 @@ def tiny_bert(directory: Path, corpus: list[str]) -> Path:
     wordpiece.train_from_iterator(corpus, trainers.WordPieceTrainer(vocab_size=400, special_tokens=specials, show_progress=False))
     directory.mkdir(parents=True, exist_ok=True)
     vocab = sorted(wordpiece.get_vocab().items(), key=lambda item: item[1])
-    (directory / "vocab.txt").write_text("".join(token + "\n" for token, _ in vocab))
-    tokenizer = BertTokenizerFast(vocab_file=str(directory / "vocab.txt"))
+    tokenizer = BertTokenizerFast(vocab=dict(vocab))
     tokenizer.save_pretrained(directory)
     torch.manual_seed(0)
     config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
@@ -303,12 +302,21 @@ def run_one(variant: str, seed: int, preset: Preset, source: Path, work: Path, d
     With ``train_seconds``, the first run times steps 10-30 of each stage and, when the stage would take
     more than its share of ``train_seconds``, trains fewer steps; every later run in the process trains as many.
     """
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # loading reports of every run would bury the progress lines
+    try:
+        return _run_one(variant, seed, preset, source, work, device, dtype, threads, save_dir, train_seconds)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
+def _run_one(variant, seed, preset, source, work, device, dtype, threads, save_dir, train_seconds) -> dict:
     if threads:
         torch.set_num_threads(threads)
     from transformers import AutoTokenizer
-    from transformers.utils import logging as hf_logging
 
-    hf_logging.set_verbosity_error()
     init, options = build_model(source, work, preset, variant)
     tokenizer = AutoTokenizer.from_pretrained(init)
     torch.manual_seed(seed)

@@ -209,3 +209,14 @@ def test_new_cluster_count_restarts_centroids(tmp_path):
     torch.testing.assert_close(router.centroids, router.initial_centroids())
     kept = ClusterFormerForQuestionAnswering.from_pretrained(convert_checkpoint(tmp_path / "fitted", tmp_path / "same").path)
     assert bool(kept.cluster_routers()[1].fitted)
+
+
+def test_suggested_num_clusters_grows_with_the_context():
+    from hf_clusterformer import suggested_num_clusters
+
+    assert suggested_num_clusters(400, 28) == 16
+    assert suggested_num_clusters(5000, 224) == 32
+    assert suggested_num_clusters(130_000, 224) == 1024
+    assert suggested_num_clusters(100, 224) == 16
+    with pytest.raises(ValueError, match="must be positive"):
+        suggested_num_clusters(0, 224)

@@ -39,13 +39,40 @@ def test_readme_python_blocks_run(hub_server, tmp_path):
     RobertaForQuestionAnswering(config).save_pretrained(checkpoint)
     tokenizer.save_pretrained(checkpoint)
 
+    minilm = _tiny_minilm_copy(tmp_path / "minilm", context)
+
     script = "import torch\ntorch.set_num_threads(1)\n" + "\n".join(blocks)
-    env = dict(client_env(hub_server.url, tmp_path / "hf-home"), OMP_NUM_THREADS="1")
+    env = dict(client_env(hub_server.url, tmp_path / "hf-home"), OMP_NUM_THREADS="1", HF_CLUSTERFORMER_CACHE=str(minilm))
     result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, result.stderr[-5000:]
     assert (tmp_path / "outputs" / "trained" / "modeling_clusterformer.py").is_file()
     assert ("POST", "/api/models/user/clusterformer/commit/main") in hub_server.requests
+
+
+def _tiny_minilm_copy(path: Path, text: str) -> Path:
+    """A tiny random BERT laid out as a `pack_pretrained` copy of all-MiniLM-L6-v2 (its manifest names the published
+    source hash and the hash of these weights), standing in for the real weights."""
+    import hashlib
+    import json
+
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    from hf_clusterformer.pretrained import MANIFEST, PRETRAINED_SOURCES
+
+    words = sorted(set(re.findall(r"\w+|[^\w\s]", text.lower())))
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]
+    BertTokenizerFast(vocab={token: i for i, token in enumerate(vocab)}).save_pretrained(path)
+    torch.manual_seed(0)
+    BertModel(BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=6, num_attention_heads=2,
+                         intermediate_size=32, pad_token_id=0)).save_pretrained(path)
+    source = PRETRAINED_SOURCES["all-MiniLM-L6-v2"]
+    for name in source.files:  # files a transformers 5 save does not write
+        if not (path / name).exists():
+            (path / name).write_text("\n".join(vocab) + "\n" if name == "vocab.txt" else "{}")
+    weights = hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
+    (path / MANIFEST).write_text(json.dumps({"source_sha256": source.weights_sha256, "sha256": weights}))
+    return path
 
 
 def test_readme_command_lines_name_real_options(capsys):

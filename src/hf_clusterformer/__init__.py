@@ -5,7 +5,7 @@ Importing the package registers the config and models with the transformers Auto
 
 from transformers import AutoConfig, AutoModel, AutoModelForQuestionAnswering
 
-from .configuration_clusterformer import ClusterFormerConfig, default_cluster_layers
+from .configuration_clusterformer import ClusterFormerConfig, default_cluster_layers, suggested_num_clusters
 from .modeling_clusterformer import (
     ClusterFormerForQuestionAnswering,
     ClusterFormerModel,
@@ -56,4 +56,5 @@ __all__ = [
     "LSHRouter",
     "default_cluster_layers",
     "order_centroids_greedy",
+    "suggested_num_clusters",
 ]

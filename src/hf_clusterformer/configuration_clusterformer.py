@@ -40,6 +40,19 @@ def default_cluster_layers(num_hidden_layers: int) -> list[int]:
     return sorted(scaled)
 
 
+def suggested_num_clusters(context_tokens: int, window_stride: int, minimum: int = 16) -> int:
+    """Clusters per cluster layer for contexts of about ``context_tokens`` tokens.
+
+    States are sorted by (cluster, position) and cut into chunks of ``window_stride``, so a cluster with more members
+    than a chunk is split by position. The next power of two of ``context_tokens / window_stride`` (at least
+    ``minimum``) keeps the average cluster within one chunk.
+    """
+    if context_tokens < 1 or window_stride < 1:
+        raise ValueError(f"context_tokens and window_stride must be positive, got {context_tokens}, {window_stride}.")
+    needed = max(minimum, -(-context_tokens // window_stride))
+    return 1 << (needed - 1).bit_length()
+
+
 def required_position_embeddings(max_question_length: int, window_size: int, pad_token_id: int | None = 1) -> int:
     """Position embeddings a window ``<s> Q </s></s> C[window]`` needs: ``pad + 1 + (q + 3) + l``.
 
@@ -274,6 +287,7 @@ class ClusterFormerConfig(RobertaConfig):
 
 
 __all__ = [
+    "suggested_num_clusters",
     "ClusterFormerConfig",
     "GLOBAL_LAYER_TYPES",
     "LAYER_TYPES",

@@ -251,10 +251,10 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
-    from hf_clusterformer.hub import convert_roberta_checkpoint, push_model
+    from hf_clusterformer.hub import convert_checkpoint
 
     try:
-        converted = convert_roberta_checkpoint(
+        converted = convert_checkpoint(
             args.source,
             args.output_dir,
             cluster_layers=args.cluster_layers,
@@ -263,33 +263,42 @@ def _cmd_convert(args: argparse.Namespace) -> int:
             window_stride=args.window_stride,
             global_layer_type=args.global_layer_type,
             max_question_length=args.max_question_length,
-            use_answerability_head=args.answerability_head,
+            max_context_length=args.max_context_length,
+            use_answerability_head=args.answerability_head or None,
+            num_hidden_layers=args.num_hidden_layers,
         )
     except (OSError, ValueError) as error:
         raise CommandError(f"could not convert {args.source}: {error}") from error
-    print(f"wrote {converted.path} (cluster layers {converted.config.cluster_layers}, {converted.config.num_clusters} clusters)")
+    config = converted.config
+    print(f"wrote {converted.path} from a {converted.source_type} checkpoint (layers {config.layer_types}, "
+          f"{config.num_clusters} clusters, windows {config.window_size}/{config.window_stride})")
     if converted.newly_initialized:
         print(f"newly initialised (train before use): {', '.join(converted.newly_initialized)}")
     if args.push_to:
-        info = push_model(converted.path, args.push_to, private=args.private)
-        print(f"pushed to {args.push_to}: {getattr(info, 'oid', info)}")
+        _push(str(converted.path), args.push_to, private=args.private)
     return 0
 
 
 def _cmd_push(args: argparse.Namespace) -> int:
+    if not os.path.isdir(args.checkpoint):
+        raise CommandError(f"checkpoint directory {args.checkpoint} does not exist.")
+    return _push(args.checkpoint, args.repo_id, private=args.private, message=args.message)
+
+
+def _push(checkpoint: str, repo_id: str, private: bool = False, message: str | None = None) -> int:
+    """Upload a checkpoint directory; Hub and network failures become one-line errors."""
     import httpx
     from huggingface_hub.errors import HfHubHTTPError
 
     from hf_clusterformer.hub import hub_files, push_model
 
-    if not os.path.isdir(args.checkpoint):
-        raise CommandError(f"checkpoint directory {args.checkpoint} does not exist.")
-    target = f"{args.checkpoint} to {args.repo_id}"
+    target = f"{checkpoint} to {repo_id}"
     try:
         reason = hub_unreachable()
         if reason:
             raise ConnectionError(reason)
-        info = push_model(args.checkpoint, args.repo_id, private=args.private, commit_message=args.message)
+        options = {"commit_message": message} if message else {}
+        info = push_model(checkpoint, repo_id, private=private, **options)
     except ValueError as error:
         raise CommandError(f"{error}; write checkpoints with `clusterformer train` or hf_clusterformer.hub.save_for_hub.") from error
     except HfHubHTTPError as error:
@@ -299,7 +308,7 @@ def _cmd_push(args: argparse.Namespace) -> int:
     except (OSError, httpx.HTTPError) as error:  # unreachable, or the connection dropped during the upload
         raise CommandError(f"cannot push {target}: {error}; check the network or HF_ENDPOINT.") from error
     print(f"pushed {target}: {getattr(info, 'oid', info)}")
-    skipped = Counter(name.split("/")[0] + ("/" if "/" in name else "") for name in hub_files(args.checkpoint)[1])
+    skipped = Counter(name.split("/")[0] + ("/" if "/" in name else "") for name in hub_files(checkpoint)[1])
     if skipped:
         listed = ", ".join(name + (f" ({count} files)" if name.endswith("/") else "") for name, count in skipped.items())
         print(f"skipped (training state, not uploaded): {listed}")
@@ -353,15 +362,22 @@ def build_parser() -> argparse.ArgumentParser:
             command.add_argument("--plot", default=None,
                                  help="write a PNG of cluster id against position (needs matplotlib)")
 
-    convert = commands.add_parser("convert", help="turn a RoBERTa checkpoint into a Cluster-Former one (and push it)")
-    convert.add_argument("source", help="RoBERTa / RobertaForQuestionAnswering checkpoint (directory or Hub id)")
+    convert = commands.add_parser(
+        "convert",
+        help="turn a RoBERTa, BERT-family or Cluster-Former checkpoint into a Cluster-Former one (and push it)",
+        description="Options left out keep a Cluster-Former source's own settings, else the defaults shown.",
+    )
+    convert.add_argument("source", help="RoBERTa, BERT-family (BERT, MiniLM, bge, e5) or Cluster-Former checkpoint "
+                                        "(directory or Hub id)")
     convert.add_argument("output_dir")
     convert.add_argument("--cluster-layers", type=int, nargs="*", default=None, help="0-based (default: paper placement)")
-    convert.add_argument("--num-clusters", type=int, default=64)
-    convert.add_argument("--window-size", type=int, default=256)
-    convert.add_argument("--window-stride", type=int, default=224)
-    convert.add_argument("--global-layer-type", default="cluster", choices=["cluster", "lsh", "sparse"])
-    convert.add_argument("--max-question-length", type=int, default=64)
+    convert.add_argument("--num-clusters", type=int, default=None, help="default 64; about context tokens / stride or more")
+    convert.add_argument("--window-size", type=int, default=None, help="default 256")
+    convert.add_argument("--window-stride", type=int, default=None, help="default 224")
+    convert.add_argument("--global-layer-type", default=None, choices=["cluster", "lsh", "sparse"], help="default cluster")
+    convert.add_argument("--max-question-length", type=int, default=None, help="default 64")
+    convert.add_argument("--max-context-length", type=int, default=None, help="default 131072")
+    convert.add_argument("--num-hidden-layers", type=int, default=None, help="keep only the first N layers")
     convert.add_argument("--answerability-head", action="store_true")
     convert.add_argument("--push-to", default=None, help="Hub repo id to push the result to")
     convert.add_argument("--private", action="store_true")

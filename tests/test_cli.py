@@ -238,7 +238,14 @@ def test_convert_roberta_checkpoint(roberta_qa, workdir, capsys):
                  "--window-size", "32", "--window-stride", "24", "--max-question-length", "16"])
     assert code == 0
     out = capsys.readouterr().out
-    assert out.strip() == f"wrote {target} (cluster layers [1], 4 clusters)"  # the QA head came along: nothing new
+    # the QA head came along: nothing new
+    assert out.strip() == f"wrote {target} from a roberta checkpoint (layers ['sliding', 'cluster'], 4 clusters, windows 32/24)"
+
+    again = workdir / "again"  # a Cluster-Former source keeps its settings unless told otherwise
+    assert main(["convert", str(target), str(again), "--num-clusters", "2"]) == 0
+    assert capsys.readouterr().out.strip() == (
+        f"wrote {again} from a clusterformer checkpoint (layers ['sliding', 'cluster'], 2 clusters, windows 32/24)"
+    )
 
     converted = AutoModelForQuestionAnswering.from_pretrained(target)
     assert isinstance(converted, ClusterFormerForQuestionAnswering)

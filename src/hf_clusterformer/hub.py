@@ -410,8 +410,8 @@ def convert_checkpoint(
         missing = model.load_state_dict(state, strict=False).missing_keys
     routers = {f"roberta.encoder.routers.{i}." for i in config.cluster_layers}
     newly_initialized = sorted(k for k in missing if not any(k.startswith(r) for r in routers))
-    if newly_initialized:
-        logger.warning(f"Newly initialised (not in {src}): {', '.join(newly_initialized)}; fine-tune before use.")
+    if newly_initialized:  # returned, and printed by the command line: logged once, at info level
+        logger.info("Newly initialised (not in %s): %s; fine-tune before use.", src, ", ".join(newly_initialized))
 
     card_kwargs = dict(card_data or {})
     if not Path(src).exists() and "base_model" not in card_kwargs:

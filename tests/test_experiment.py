@@ -74,3 +74,20 @@ def test_a_run_over_its_time_share_trains_fewer_steps_and_later_runs_match(tmp_p
     second = experiment.run_one("sliding", 0, preset, source, tmp_path, torch.device("cpu"), torch.float32, 1)
     assert second["steps"] == first["steps"]
     assert [e["step"] for e in second["log"] if e["stage"] == "far"][-1] == first["steps"]["far"]
+
+
+def test_runs_are_deterministic(tmp_path, monkeypatch):
+    import torch
+
+    from hf_clusterformer import experiment
+
+    monkeypatch.setattr(experiment, "_STEP_PLAN", {})
+    preset = make_preset("smoke")
+    source = experiment.resolve_pretrained(preset, None, tmp_path)
+    runs = [experiment.run_one("clusterformer", 0, preset, source, tmp_path, torch.device("cpu"), torch.float32, 1)
+            for _ in range(2)]
+    for run in runs:
+        run.pop("train_seconds"), run.pop("eval_seconds")
+        for entry in run["log"]:
+            entry.pop("seconds")
+    assert runs[0] == runs[1]

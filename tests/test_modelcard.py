@@ -158,7 +158,7 @@ def test_command_line_records_results_and_config_in_the_spec(tmp_path):
     metadata = metadata_load(out / "README.md")
     _, results = model_index_to_eval_results(metadata["model-index"])
     assert {(r.metric_type, r.metric_value, r.dataset_type, r.dataset_split) for r in results} == {
-        ("exact_match", 42.0, "longrange", "validation"), ("f1", 55.5, "longrange", "validation"),
+        ("exact_match", 42.0, "twin", "validation"), ("f1", 55.5, "twin", "validation"),
     }
     text = (out / "README.md").read_text(encoding="utf-8")
     assert "| Window size / stride | 24 / 20 context tokens |" in text

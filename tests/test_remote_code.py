@@ -308,3 +308,26 @@ def test_convert_sets_the_cluster_options_and_reports_new_heads(tmp_path, tokeni
     GPT2Config(vocab_size=50, n_embd=16, n_layer=1, n_head=2).save_pretrained(gpt2)
     with pytest.raises(ValueError, match="'gpt2' checkpoint; convertible types are roberta, bert, clusterformer"):
         convert_roberta_checkpoint(gpt2, tmp_path / "from-gpt2")
+
+
+def test_loading_a_roberta_checkpoint_extends_it_without_a_type_warning(tmp_path, tokenizer):
+    import logging
+
+    _, source = _roberta_source(tmp_path, tokenizer, head=False)
+    messages: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            messages.append(record.getMessage())
+
+    library_logger = logging.getLogger("transformers")
+    handler = Collect(level=logging.WARNING)
+    library_logger.addHandler(handler)
+    try:
+        model = ClusterFormerForQuestionAnswering.from_pretrained(
+            source, cluster_layers=[1], window_size=32, window_stride=24, max_question_length=16
+        )
+    finally:
+        library_logger.removeHandler(handler)
+    assert model.config.model_type == "clusterformer"
+    assert not any("model of type" in message for message in messages), messages

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from huggingface_hub.dataclasses import strict
 from transformers import RobertaConfig
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
 
 #: Type of the layers that attend within one window (paper eq. 1-3).
 SLIDING_LAYER_TYPE = "sliding"
@@ -119,6 +122,18 @@ class ClusterFormerConfig(RobertaConfig):
                 )
         self._validate_cluster_options()
         super().__post_init__(**kwargs)
+
+    @classmethod
+    def get_config_dict(cls, *args, **kwargs):
+        """A RoBERTa checkpoint's config becomes a Cluster-Former one (said once, instead of transformers' warning
+        about a model of another type)."""
+        config_dict, kwargs = super().get_config_dict(*args, **kwargs)
+        if config_dict.get("model_type") == "roberta":
+            if not getattr(cls, "_extending_said", False):
+                logger.info("Extending a RoBERTa checkpoint with Cluster-Former's window and cluster options.")
+                cls._extending_said = True
+            config_dict = {**config_dict, "model_type": cls.model_type}
+        return config_dict, kwargs
 
     def __setattr__(self, key, value):
         # Assigning layer_types or one of its shortcuts (e.g. from_pretrained(..., cluster_layers=[2])) keeps

@@ -227,20 +227,21 @@ def build_model(source: Path, work: Path, preset: Preset, variant: str) -> tuple
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def twin_colocation(model, ids: torch.Tensor, mask: torch.Tensor, answer_tokens: list[tuple[int, int]], layer_position: int) -> list[bool]:
-    """Whether the two answer mentions of each example share a chunk in the first cluster layer.
+def twin_colocation(cluster_ids: torch.Tensor, token_index: torch.Tensor, answer_tokens: list[tuple[int, int]],
+                    chunk_size: int) -> list[bool]:
+    """Whether the two answer mentions of each example share a chunk in a cluster layer.
 
-    ``answer_tokens`` holds each example's two answer start tokens. The chunk of a token is the rank of its owner
-    copy in the stable (cluster, position) sort, divided by the stride.
+    Args:
+        cluster_ids: (B, L) the layer's ids over flat window slots, -1 for slots that take no part.
+        token_index: (B, L) input position of every slot (-1 for empty slots).
+        answer_tokens: each example's two answer start tokens.
+        chunk_size: m; the chunk of a token is the rank of its owner copy in the stable (cluster, position) sort,
+            divided by m.
     """
-    with torch.no_grad():
-        out = model(input_ids=ids, attention_mask=mask, output_cluster_assignments=True)
-    cluster_ids = out.cluster_assignments[layer_position]  # (B, L), -1 for slots that take no part
-    token_index = out.window_token_index.reshape(ids.shape[0], -1)  # (B, L)
     sentinel = torch.iinfo(cluster_ids.dtype).max
     order = torch.sort(cluster_ids.masked_fill(cluster_ids < 0, sentinel), dim=1, stable=True).indices
     rank = torch.empty_like(order).scatter_(1, order, torch.arange(order.shape[1], device=order.device).expand_as(order))
-    chunk = rank // model.config.window_stride
+    chunk = rank // chunk_size  # (B, L)
     result = []
     for b, (first, second) in enumerate(answer_tokens):
         owner = cluster_ids[b] >= 0
@@ -251,18 +252,20 @@ def twin_colocation(model, ids: torch.Tensor, mask: torch.Tensor, answer_tokens:
 
 
 def evaluate(model, tokenizer, records: list[dict], preset: Preset, device, dtype, batch_size: int, kind: str) -> dict:
+    """Exact match of the best span (the pipeline's span search) on ``records``; on ``twin`` questions of a model
+    whose first global layer is a cluster layer, also how often the two answer mentions share a chunk there."""
     columns = {key: [r[key] for r in records] for key in ("id", "question", "context")}
     features = prepare_validation_features(columns, tokenizer, max_length=1 << 20)
+    global_types = [t for t in model.config.layer_types if t != "sliding"]
+    colocation = kind == "twin" and global_types[:1] == ["cluster"]
     correct, shared = 0, []
-    cluster_positions = [i for i, t in enumerate(model.config.layer_types) if t != "sliding"]
-    has_router = any(t == "cluster" for t in model.config.layer_types)
     model.eval()
     for begin in range(0, len(records), batch_size):
         rows = range(begin, min(begin + batch_size, len(records)))
         ids, mask = pad_batch([features["input_ids"][i] for i in rows], tokenizer.pad_token_id)
         ids, mask = ids.to(device), mask.to(device)
         with torch.no_grad(), torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
-            out = model(input_ids=ids, attention_mask=mask)
+            out = model(input_ids=ids, attention_mask=mask, output_cluster_assignments=colocation)
         for j, i in enumerate(rows):
             offsets = features["offset_mapping"][i]
             candidate = torch.tensor([o is not None for o in offsets])
@@ -271,15 +274,14 @@ def evaluate(model, tokenizer, records: list[dict], preset: Preset, device, dtyp
                                             max_answer_len=preset.max_answer_length)
             text = records[i]["context"][offsets[start][0]: offsets[end][1]]
             correct += text.strip().lower() in {a.lower() for a in records[i]["answers"]["text"]}
-        if kind == "twin" and has_router:
+        if colocation:
             answer_tokens = []
             for i in rows:
-                starts = records[i]["answers"]["answer_start"]
-                tokens = [next(t for t, o in enumerate(features["offset_mapping"][i]) if o is not None and o[0] <= s < o[1])
-                          for s in starts[:2]]
-                answer_tokens.append(tuple(tokens))
-            with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
-                shared += twin_colocation(model.base_model, ids, mask, answer_tokens, 0 if cluster_positions else 0)
+                offsets = features["offset_mapping"][i]
+                answer_tokens.append(tuple(next(t for t, o in enumerate(offsets) if o is not None and o[0] <= s < o[1])
+                                           for s in records[i]["answers"]["answer_start"][:2]))
+            shared += twin_colocation(out.cluster_assignments[0], out.window_token_index.reshape(len(rows), -1),
+                                      answer_tokens, model.config.window_stride)
     result = {"exact_match": round(100.0 * correct / len(records), 1), "n": len(records)}
     if shared:
         result["twin_shared_chunk"] = round(100.0 * sum(shared) / len(shared), 1)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+
 import torch
 
 from hf_clusterformer import ClusterFormerConfig
@@ -51,3 +54,21 @@ def pad_batch(examples: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         ids[row, : len(example)] = torch.tensor(example)
         mask[row, : len(example)] = 1
     return ids, mask
+
+
+@contextlib.contextmanager
+def transformers_warnings():
+    """Collect the messages of warnings logged by transformers inside the block."""
+    records: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    library_logger = logging.getLogger("transformers")
+    handler = Collect(level=logging.WARNING)
+    library_logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        library_logger.removeHandler(handler)

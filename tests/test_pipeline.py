@@ -6,7 +6,6 @@ A random tiny model gives meaningless answers, so the tests check structure and 
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import math
@@ -15,7 +14,7 @@ import re
 import pytest
 import torch
 import transformers
-from helpers import tiny_config
+from helpers import tiny_config, transformers_warnings
 from transformers.pipelines import PIPELINE_REGISTRY, REMOVED_TASKS
 
 import hf_clusterformer  # noqa: F401  (registers the Auto classes)
@@ -157,29 +156,13 @@ def test_batches_equal_single_calls(qa):
     assert qa(QUESTION, CONTEXT) == qa({"question": QUESTION, "context": CONTEXT})
 
 
-@contextlib.contextmanager
-def _transformers_warnings():
-    """Collect the messages of warnings logged by transformers inside the block."""
-    records: list[str] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record):
-            records.append(record.getMessage())
-
-    library_logger = logging.getLogger("transformers")
-    handler = Collect(level=logging.WARNING)
-    library_logger.addHandler(handler)
-    try:
-        yield records
-    finally:
-        library_logger.removeHandler(handler)
 
 
 def test_long_context_takes_one_forward_pass_and_no_length_warning(model):
     context = " ".join(SENTENCES[i % 5] for i in range(170))
     plain = build_tokenizer(SENTENCES * 4, vocab_size=300)
     plain.model_max_length = 512  # like a RoBERTa tokenizer
-    with _transformers_warnings() as records:
+    with transformers_warnings() as records:
         encoded = plain(QUESTION, context)["input_ids"]
     assert len(encoded) > 5000
     assert any("longer than the specified maximum sequence length" in m for m in records)
@@ -192,7 +175,7 @@ def test_long_context_takes_one_forward_pass_and_no_length_warning(model):
         lambda module, args, kwargs, output: calls.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
     )
     try:
-        with _transformers_warnings() as records:
+        with transformers_warnings() as records:
             answers = qa(question=QUESTION, context=context, top_k=3)
             batch = qa([{"question": QUESTION, "context": context}] * 2, batch_size=1)
             assert tokenizer(QUESTION, context)["input_ids"] == encoded

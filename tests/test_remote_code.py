@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_config
+from helpers import tiny_config, transformers_warnings
 from support.hub_fixtures import TEST_TOKEN, run_with_endpoint
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
@@ -311,23 +311,10 @@ def test_convert_sets_the_cluster_options_and_reports_new_heads(tmp_path, tokeni
 
 
 def test_loading_a_roberta_checkpoint_extends_it_without_a_type_warning(tmp_path, tokenizer):
-    import logging
-
     _, source = _roberta_source(tmp_path, tokenizer, head=False)
-    messages: list[str] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record):
-            messages.append(record.getMessage())
-
-    library_logger = logging.getLogger("transformers")
-    handler = Collect(level=logging.WARNING)
-    library_logger.addHandler(handler)
-    try:
+    with transformers_warnings() as messages:
         model = ClusterFormerForQuestionAnswering.from_pretrained(
             source, cluster_layers=[1], window_size=32, window_stride=24, max_question_length=16
         )
-    finally:
-        library_logger.removeHandler(handler)
     assert model.config.model_type == "clusterformer"
     assert not any("model of type" in message for message in messages), messages

@@ -253,6 +253,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 def _cmd_convert(args: argparse.Namespace) -> int:
     from hf_clusterformer.hub import convert_checkpoint
 
+    check_model_path(args.source, "source")
     try:
         converted = convert_checkpoint(
             args.source,

@@ -510,3 +510,8 @@ def test_max_context_length_for_evaluate_and_from_scratch(trained):
                    window_stride=24, max_question_length=16, cluster_layers=[1], num_clusters=4)
     assert load_model(ModelArguments(**scratch), DataArguments(max_seq_length=4096), tokenizer).config.max_context_length == 4096
     assert load_model(ModelArguments(**scratch, max_context_length=70_000), DataArguments(), tokenizer).config.max_context_length == 70_000
+
+
+def test_convert_missing_source(workdir, capsys):
+    assert main(["convert", str(workdir / "nothing"), str(workdir / "out")]) == 2
+    assert capsys.readouterr().err.strip() == f"clusterformer: error: source directory {workdir / 'nothing'} does not exist."

@@ -207,19 +207,23 @@ def resolve_pretrained(preset: Preset, pretrained: str | os.PathLike | None, wor
     return fetch_pretrained(cache_dir=pretrained)
 
 
-def build_model(source: Path, work: Path, preset: Preset, variant: str) -> tuple[Path, dict]:
-    """Convert the pretrained source once per variant; returns (checkpoint dir, layer options)."""
-    layers = {"sliding": [], "clusterformer": preset.cluster_layers, "lsh": preset.cluster_layers,
-              "sparse": preset.cluster_layers}[variant]
-    layer_type = {"clusterformer": "cluster"}.get(variant, variant if variant != "sliding" else "cluster")
-    options = dict(cluster_layers=layers, global_layer_type=layer_type, num_clusters=preset.num_clusters,
-                   window_size=preset.window_size, window_stride=preset.window_stride,
-                   max_question_length=preset.max_question_length, max_context_length=1 << 17,
-                   num_hidden_layers=preset.num_layers)
+#: The layer type each variant puts at the recipe's cluster layers (None: none, a sliding-window model).
+_VARIANT_LAYER_TYPE = {"clusterformer": "cluster", "sliding": None, "lsh": "lsh", "sparse": "sparse"}
+
+
+def build_model(source: Path, work: Path, preset: Preset, variant: str) -> Path:
+    """The variant's converted checkpoint folder (converted once per variant and ``work`` folder)."""
+    layer_type = _VARIANT_LAYER_TYPE[variant]
     path = work / f"init-{variant}"
     if not (path / "config.json").is_file():
-        convert_checkpoint(source, path, **options)
-    return path, options
+        convert_checkpoint(
+            source, path, cluster_layers=preset.cluster_layers if layer_type else [],
+            global_layer_type=layer_type or "cluster", num_clusters=preset.num_clusters,
+            window_size=preset.window_size, window_stride=preset.window_stride,
+            max_question_length=preset.max_question_length, max_context_length=1 << 17,
+            num_hidden_layers=preset.num_layers,
+        )
+    return path
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -319,7 +323,7 @@ def _run_one(variant, seed, preset, source, work, device, dtype, threads, save_d
         torch.set_num_threads(threads)
     from transformers import AutoTokenizer
 
-    init, options = build_model(source, work, preset, variant)
+    init = build_model(source, work, preset, variant)
     tokenizer = AutoTokenizer.from_pretrained(init)
     torch.manual_seed(seed)
     np.random.seed(seed)

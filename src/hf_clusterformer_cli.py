@@ -2,7 +2,7 @@
 
 A top-level module so that the command starts without importing ``hf_clusterformer`` (torch, transformers):
 ``clusterformer --help`` and usage errors are instant; each subcommand imports what it needs.
-``hf_clusterformer.cli`` is the same command.
+``python -m hf_clusterformer_cli`` is the same command.
 """
 
 from __future__ import annotations
@@ -16,16 +16,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-
-class CommandError(Exception):
-    """A user error the command reports in one line (exit status 2)."""
-
-
-class _OneLineParser(argparse.ArgumentParser):
-    """Subcommand parser whose usage errors are one line (exit status 2), like every other error of the command."""
-
-    def error(self, message: str):
-        raise CommandError(f"{message} (see `{self.prog} --help`)")
+from hf_clusterformer_cli_support import CommandError, OneLineParser
 
 
 def _positive_int(value: str) -> int:
@@ -322,7 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Cluster-Former: long-context extractive QA with clustering-based sparse attention.",
         epilog="Options take dashes or underscores (--max-answer-length or --max_answer_length).",
     )
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_OneLineParser)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     commands.required = True
 
     commands.add_parser(

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from hf_clusterformer_cli_support import CommandError, OneLineParser
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from .configuration_clusterformer import ClusterFormerConfig
@@ -369,9 +370,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m hf_clusterfor
 
     Errors are one line on stderr, exit status 2.
     """
-    from hf_clusterformer_cli import CommandError, _OneLineParser
-
-    parser = _OneLineParser(prog=prog, description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint", nargs="?", help="checkpoint directory: config, centroid state and its "
                         "all_results.json are read from it, README.md is written into it")
     parser.add_argument("--spec", help="card spec JSON (config plus card fields)")

@@ -92,6 +92,10 @@ class ClusterFormerConfig(RobertaConfig):
         window ``<s>`` states (paper §4.2) to [`ClusterFormerForQuestionAnswering`].
     pair_token_types (`bool`, defaults to `False`): without ``token_type_ids``, give the context token type 1
         and the question prefix type 0, as BERT's pair template does (set for BERT-family checkpoints).
+    chunk_question_prefix (`bool`, defaults to `False`): beyond the paper: prefix every chunk of a cluster/LSH
+        layer with its example's question prefix ``<s> Q </s></s>`` (the mean of its window copies), as sliding
+        windows are, and route only context tokens. ``False`` is the paper's layer (question copies routed like
+        context tokens).
     """
 
     model_type = "clusterformer"
@@ -106,6 +110,7 @@ class ClusterFormerConfig(RobertaConfig):
     centroid_seed: int = 0
     use_answerability_head: bool = False
     pair_token_types: bool = False
+    chunk_question_prefix: bool = False
     layer_types: list[str] | None = None  # after the shortcuts: assigning it rewrites them (see __setattr__)
 
     def __post_init__(self, **kwargs):

@@ -437,13 +437,20 @@ class LayerMasks:
         dtype: dtype of the attention scores.
         implementation: ``config._attn_implementation``.
         chunk_size: m, chunk length of the routed (cluster/LSH) layers.
+        question_prefix: routed chunks get the question prefix in front (``config.chunk_question_prefix``).
+        window_size: l (the prefix is the first ``S - l`` slots of a window).
     """
 
-    def __init__(self, layout: WindowLayout, dtype: torch.dtype, implementation: str | None, chunk_size: int):
+    def __init__(
+        self, layout: WindowLayout, dtype: torch.dtype, implementation: str | None, chunk_size: int,
+        question_prefix: bool = False, window_size: int = 0,
+    ):
+        self.window_size = window_size
         self.layout = layout
         self.dtype = dtype
         self.implementation = implementation
         self.chunk_size = chunk_size
+        self.question_prefix = question_prefix
         self._cache: dict[str, torch.Tensor | int] = {}
 
     def _cached(self, name: str, build):
@@ -468,11 +475,11 @@ class LayerMasks:
 
     @property
     def representative(self) -> torch.Tensor:
-        """(B, L) bool, the slots a routed layer sorts: every window's question copy and each context token once."""
+        """(B, L) bool, the slots a routed layer sorts: each context token once, plus every window's question copy
+        unless the chunks get the question as a prefix (``chunk_question_prefix``)."""
         layout = self.layout
-        return self._cached(
-            "representative", lambda: (layout.valid & (~layout.is_context | layout.owner)).view(layout.valid.shape[0], -1)
-        )
+        routed = layout.owner if self.question_prefix else layout.valid & (~layout.is_context | layout.owner)
+        return self._cached("representative", lambda: routed.view(layout.valid.shape[0], -1))
 
     @property
     def routed_chunks(self) -> int:
@@ -480,8 +487,16 @@ class LayerMasks:
         return self._cached("routed_chunks", lambda: math.ceil(int(self.representative.sum(dim=1).max()) / self.chunk_size))
 
     def chunk(self, chunk_valid: torch.Tensor) -> torch.Tensor:
-        """Mask of the routed layers over (B * C, m) chunks; the same for all of them (representatives sort first)."""
+        """Mask of the routed layers over (B * C, m) chunks, or (B * C, P + m) with the question prefix in front;
+        the same for all of them (representatives sort first)."""
         return self._cached("chunk", lambda: bidirectional_mask(chunk_valid, self.dtype, self.implementation))
+
+    @property
+    def prefix_slots(self) -> torch.Tensor:
+        """(B, K, P) bool, the valid question-prefix slots of every window (P = S - l, the longest prefix)."""
+        layout = self.layout
+        width = layout.valid.shape[-1] - self.window_size
+        return self._cached("prefix_slots", lambda: (layout.valid & ~layout.is_context)[..., :width])
 
 
 @dataclass
@@ -561,8 +576,42 @@ class ClusterFormerEncoder(nn.Module):
         router = self.routers[str(index)]
         ids = router(flat, masks.representative)
         chunks, chunk_valid, order = sort_into_chunks(flat, ids, masks.chunk_size, router.num_clusters, masks.routed_chunks)
+        if masks.question_prefix:
+            return self.prefixed_routed_layer(index, states, layout, masks, length, chunks, chunk_valid, order, ids)
         out, weights = self.layer[index](chunks, masks.chunk(chunk_valid))
         flat_out = unsort_from_chunks(out, order, flat.shape[1], fill=flat).view_as(states)
+        states = share_context_states(flat_out, layout, layout.owner, length)
+        return states, weights, ids.masked_fill(~masks.representative, -1)
+
+    def prefixed_routed_layer(
+        self, index: int, states: torch.Tensor, layout: WindowLayout, masks: LayerMasks, length: int,
+        chunks: torch.Tensor, chunk_valid: torch.Tensor, order: torch.Tensor, ids: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """`routed_layer` with ``chunk_question_prefix``: every chunk is ``[question prefix; m sorted context states]``.
+
+        The prefix is the mean of the example's window copies of its question prefix; afterwards every window's
+        copy takes the mean of the prefix outputs of the example's chunks that hold context (not empty ones).
+
+        chunks (B * C, m, d), chunk_valid (B * C, m), order (B, C * m) as `sort_into_chunks` gives them ->
+        ((B, K, S, d), weights (B * C, h, P + m, P + m) or None, ids (B, L)).
+        """
+        batch, _, _, hidden = states.shape
+        prefix_valid = masks.prefix_slots  # (B, K, P)
+        width = prefix_valid.shape[-1]
+        weight = prefix_valid.unsqueeze(-1).to(states.dtype)
+        prefix = (states[:, :, :width] * weight).sum(1) / weight.sum(1).clamp(min=1)  # (B, P, d)
+        num_chunks = chunks.shape[0] // batch
+        prefix_mask = prefix_valid.any(1).repeat_interleave(num_chunks, dim=0)  # (B * C, P)
+        joined = torch.cat([prefix.repeat_interleave(num_chunks, dim=0), chunks], dim=1)  # (B * C, P + m, d)
+        out, weights = self.layer[index](joined, masks.chunk(torch.cat([prefix_mask, chunk_valid], dim=1)))
+        flat = states.reshape(batch, -1, hidden)
+        flat_out = unsort_from_chunks(out[:, width:], order, flat.shape[1], fill=flat).view_as(states)
+        has_context = chunk_valid.any(1).view(batch, num_chunks, 1, 1).to(out.dtype)  # (B, C, 1, 1)
+        prefix_out = (out[:, :width].view(batch, num_chunks, width, hidden) * has_context).sum(1)
+        prefix_out = prefix_out / has_context.sum(1).clamp(min=1)  # (B, P, d)
+        question = F.pad(prefix_valid, (0, states.shape[2] - width)).unsqueeze(-1)  # (B, K, S, 1)
+        padded_prefix = F.pad(prefix_out, (0, 0, 0, states.shape[2] - width)).unsqueeze(1)  # (B, 1, S, d)
+        flat_out = torch.where(question, padded_prefix.to(flat_out.dtype), flat_out)
         states = share_context_states(flat_out, layout, layout.owner, length)
         return states, weights, ids.masked_fill(~masks.representative, -1)
 
@@ -586,7 +635,8 @@ class ClusterFormerEncoder(nn.Module):
         Returns:
             `ClusterFormerEncoderOutput` with (B, K, S, d) ``last_hidden_state``.
         """
-        masks = LayerMasks(layout, states.dtype, self.config._attn_implementation, self.config.window_stride)
+        masks = LayerMasks(layout, states.dtype, self.config._attn_implementation, self.config.window_stride,
+                           self.config.chunk_question_prefix, self.config.window_size)
         all_hidden = (windows_to_tokens(states, layout, layout.valid, length),) if output_hidden_states else None
         all_attentions = () if output_attentions else None
         assignments = () if output_cluster_assignments else None

@@ -27,7 +27,7 @@ from transformers import Trainer, TrainingArguments  # noqa: E402
 
 from hf_clusterformer import ClusterFormerForQuestionAnswering  # noqa: E402
 from hf_clusterformer.callback import CentroidUpdateCallback  # noqa: E402
-from hf_clusterformer.clustering import NotEnoughStatesError, faiss_available, spherical_kmeans  # noqa: E402
+from hf_clusterformer.kmeans import NotEnoughStatesError, faiss_available, spherical_kmeans  # noqa: E402
 
 
 def lloyd_mixture() -> tuple[torch.Tensor, torch.Tensor]:

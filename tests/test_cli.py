@@ -2,7 +2,7 @@
 status 2, inspect with a plot, and convert of a RoBERTa QA checkpoint.
 
 The console script itself runs in subprocesses where its exit status and stderr matter; the other cases call
-``hf_clusterformer.cli.main`` in this process (same code path, without a 5 s interpreter start each).
+``hf_clusterformer_cli.main`` in this process (same code path, without a 5 s interpreter start each).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from transformers import AutoModelForQuestionAnswering, AutoTokenizer, RobertaCo
 
 import hf_clusterformer  # noqa: F401  (registers the Auto classes)
 from hf_clusterformer import ClusterFormerConfig, ClusterFormerForQuestionAnswering
-from hf_clusterformer.cli import main
+from hf_clusterformer_cli import main
 from hf_clusterformer.data import build_tokenizer, generate_longrange_dataset
 
 SCRIPT = Path(sys.executable).with_name("clusterformer")
@@ -30,8 +30,8 @@ SUBCOMMANDS = ("train", "evaluate", "predict", "inspect", "convert", "push", "ca
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    """The console script (or ``python -m hf_clusterformer.cli`` where it is not installed) in a subprocess."""
-    command = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "hf_clusterformer.cli"]
+    """The console script (or ``python -m hf_clusterformer_cli`` where it is not installed) in a subprocess."""
+    command = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "hf_clusterformer_cli"]
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     return subprocess.run([*command, *args], capture_output=True, text=True, env=env, timeout=180)
 
@@ -359,7 +359,7 @@ def test_hub_id_with_the_hub_out_of_reach_fails_fast(context, tmp_path):
     from support.hub_fixtures import client_env
 
     env = client_env("http://127.0.0.1:9", tmp_path / "home")
-    result = subprocess.run([sys.executable, "-m", "hf_clusterformer.cli", "predict", "someone/missing", "--question",
+    result = subprocess.run([sys.executable, "-m", "hf_clusterformer_cli", "predict", "someone/missing", "--question",
                              QUESTION, "--context-file", str(context[0])], capture_output=True, text=True, env=env,
                             timeout=120)
     _one_line_error(result, "someone/missing is not a local directory", "Hub is out of reach", "127.0.0.1:9")
@@ -454,7 +454,7 @@ def _push(checkpoint: Path, repo: str, endpoint: str, home: Path, token: str | N
     from support.hub_fixtures import client_env
 
     env = dict(client_env(endpoint, home, token=token), OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "hf_clusterformer.cli", "push", str(checkpoint), repo],
+    return subprocess.run([sys.executable, "-m", "hf_clusterformer_cli", "push", str(checkpoint), repo],
                           capture_output=True, text=True, env=env, timeout=180)
 
 

@@ -12,10 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hf_clusterformer import ClusterFormerForQuestionAnswering, ClusterFormerModel
-from hf_clusterformer.clustering import (
-    CentroidUpdater,
+from hf_clusterformer.centroid_updates import CentroidUpdater, MemoryBank
+from hf_clusterformer.kmeans import (
     ClusterStats,
-    MemoryBank,
     NotEnoughStatesError,
     available_backends,
     faiss_available,
@@ -345,7 +344,7 @@ def test_update_writes_centroids_in_place_and_reports_balance():
 
 def test_step_schedule_warm_up_then_every_n_steps():
     model = tiny_qa().train()
-    updater = CentroidUpdater(model, min_states=150, update_every=3, max_capture_per_forward=40)
+    updater = CentroidUpdater(model, min_states=150, update_every_steps=3, max_capture_per_forward=40)
     ids, mask = batch(5)
     fitted_at = []
     for step in range(1, 12):
@@ -360,13 +359,13 @@ def test_step_schedule_warm_up_then_every_n_steps():
 
 def test_step_follows_an_explicit_global_step_and_restores_progress():
     model = tiny_qa().train()
-    updater = CentroidUpdater(model, min_states=8, update_every=5)
+    updater = CentroidUpdater(model, min_states=8, update_every_steps=5)
     ids, mask = batch(6)
     model(input_ids=ids, attention_mask=mask)
     assert updater.step(global_step=10) is not None  # warm-up fit
     assert updater.step(global_step=14) is None
     assert updater.step(global_step=15) is not None
-    fresh = CentroidUpdater(tiny_qa(), min_states=8, update_every=5)
+    fresh = CentroidUpdater(tiny_qa(), min_states=8, update_every_steps=5)
     fresh.load_state_dict(updater.state_dict())
     assert (fresh.step_count, fresh.last_update_step, fresh.num_updates) == (15, 15, 2)
 
@@ -415,11 +414,3 @@ def test_settings_are_validated_and_shared_with_keyword_overrides():
         CentroidUpdater(tiny_qa(), update_every=2, update_every_steps=2)
     with pytest.raises(ValueError, match="settings must be a CentroidUpdateSettings"):
         CentroidUpdater(tiny_qa(), 5)
-
-
-def test_clustering_module_re_exports_the_engine_and_the_updater():
-    from hf_clusterformer import centroid_updates, clustering, kmeans
-
-    for name in clustering.__all__:
-        source = centroid_updates if hasattr(centroid_updates, name) and name in centroid_updates.__all__ else kmeans
-        assert getattr(clustering, name) is getattr(source, name), name

@@ -16,7 +16,7 @@ import pytest
 import torch
 from dist_worker import lloyd_mixture
 
-from hf_clusterformer.clustering import faiss_available, spherical_kmeans
+from hf_clusterformer.kmeans import faiss_available, spherical_kmeans
 
 WORKER = Path(__file__).with_name("dist_worker.py")
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from hf_clusterformer import ClusterFormerConfig, ClusterFormerForQuestionAnswering
-from hf_clusterformer.clustering import spherical_kmeans
+from hf_clusterformer.kmeans import spherical_kmeans
 from hf_clusterformer.data import build_longrange_tokenizer, generate_longrange_dataset
 from hf_clusterformer.inspection import ClusterReport, inspect_clusters
 from hf_clusterformer.modeling_clusterformer import count_windows, sort_into_chunks

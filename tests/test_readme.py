@@ -80,7 +80,7 @@ def test_readme_command_lines_name_real_options(capsys):
     ``--help`` lists."""
     import pytest
 
-    from hf_clusterformer.cli import main
+    from hf_clusterformer_cli import main
 
     text = README.read_text(encoding="utf-8")
     block = text[text.index("## Command line") :].split("```")[1]

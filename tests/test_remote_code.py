@@ -23,7 +23,7 @@ from transformers import AutoConfig, GPT2Config, RobertaConfig, RobertaForQuesti
 
 import hf_clusterformer
 from hf_clusterformer import ClusterFormerForQuestionAnswering
-from hf_clusterformer.clustering import CentroidUpdater
+from hf_clusterformer.centroid_updates import CentroidUpdater
 from hf_clusterformer.data.tokenizer import build_tokenizer
 from hf_clusterformer.hub import (
     CODE_FILES,

@@ -1,0 +1,103 @@
+"""The floors of ARCHITECTURE.md: the import-linter contracts of pyproject.toml hold, every module has a floor, and
+no import circle exists (counting imports inside functions)."""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+import grimp
+from importlinter.cli import lint_imports
+
+ROOT = Path(__file__).resolve().parents[1]
+PYPROJECT = ROOT / "pyproject.toml"
+SRC = ROOT / "src"
+
+
+def _floors() -> list[list[str]]:
+    """The layers contract's floors, top first, each a list of module names."""
+    contracts = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["tool"]["importlinter"]["contracts"]
+    (layers,) = [contract["layers"] for contract in contracts if contract["type"] == "layers"]
+    return [[name.strip() for name in floor.replace("|", ":").split(":")] for floor in layers]
+
+
+def _cycles(graph: grimp.ImportGraph, modules: set[str]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), i.e. the import circles among ``modules``."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for imported in graph.find_modules_directly_imported_by(module) & modules:
+            if imported not in index:
+                visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in on_stack:
+                low[module] = min(low[module], index[imported])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == module:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for module in sorted(modules):
+        if module not in index:
+            visit(module)
+    return circles
+
+
+def _project_imports(path: Path) -> set[str]:
+    """The ``hf_clusterformer*`` modules a source file imports anywhere (top level or inside functions)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+    return {name for name in names if name.split(".")[0].startswith("hf_clusterformer")}
+
+
+def test_import_linter_contracts_are_kept(capsys):
+    assert lint_imports(config_filename=str(PYPROJECT), no_cache=True, no_logo=True) == 0, capsys.readouterr().out
+
+
+def test_every_module_has_a_floor():
+    placed = {name for floor in _floors() for name in floor}
+    package = SRC / "hf_clusterformer"
+    modules = {f"hf_clusterformer.{path.stem}" for path in package.glob("*.py") if path.stem != "__init__"}
+    modules |= {f"hf_clusterformer.{path.parent.name}" for path in package.glob("*/__init__.py")}
+    assert modules == placed
+
+
+def test_no_import_circle():
+    """Within the package; a circle through the command would need a library module importing it (`cli-on-top`)."""
+    graph = grimp.build_graph("hf_clusterformer", cache_dir=None)
+    assert _cycles(graph, set(graph.modules)) == []
+
+
+def test_the_command_sits_on_top():
+    """The command's error type and parser import nothing of the project; the command imports the library, and the
+    library never the command (the `cli-on-top` contract checks the last)."""
+    assert _project_imports(SRC / "hf_clusterformer_cli_support.py") == set()
+    assert _project_imports(SRC / "hf_clusterformer_cli.py") >= {"hf_clusterformer_cli_support", "hf_clusterformer.hub"}
+
+
+def test_the_cycle_finder_finds_a_circle():
+    class Graph:
+        imports = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+
+        def find_modules_directly_imported_by(self, module: str) -> set[str]:
+            return self.imports[module]
+
+    assert _cycles(Graph(), {"a", "b", "c", "d"}) == [["a", "b", "c"]]

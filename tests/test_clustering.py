@@ -403,7 +403,7 @@ def test_settings_are_validated_and_shared_with_keyword_overrides():
     settings = CentroidUpdateSettings(update_every_steps=4, memory_size=64, bank_dtype=torch.float32)
     assert settings.bank_dtype == "float32" and settings.torch_bank_dtype is torch.float32
     updater = CentroidUpdater(tiny_qa(), settings, seed=3)
-    assert updater.settings.seed == 3 and updater.update_every == 4 and settings.seed == 0
+    assert updater.settings.seed == 3 and updater.settings.update_every_steps == 4 and settings.seed == 0
     assert updater.banks[2].capacity == 64 and updater.banks[2].dtype is torch.float32
     assert CentroidUpdater(tiny_qa(), update_every=2).settings.update_every_steps == 2
     with pytest.raises(ValueError, match="update_every_steps must be positive"):

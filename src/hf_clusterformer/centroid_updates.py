@@ -269,11 +269,6 @@ class CentroidUpdater:
         self._handles: list[Any] = []
         self.attach()
 
-    @property
-    def update_every(self) -> int | None:
-        """Refit period in steps (``settings.update_every_steps``)."""
-        return self.settings.update_every_steps
-
     # -- capture -------------------------------------------------------------------------------------------------
 
     def attach(self) -> None:
@@ -339,7 +334,7 @@ class CentroidUpdater:
     def step(self, global_step: int | None = None) -> dict[int, ClusterStats] | None:
         """Advance to ``global_step`` (default: one more step) and refit if due.
 
-        Due means: warm-up (some router not yet fitted) or ``update_every`` steps since the last fit; either way
+        Due means: warm-up (some router not yet fitted) or ``update_every_steps`` steps since the last fit; either way
         only once ``min_states`` states are banked. Returns the new statistics when a fit ran, else None.
         """
         self.step_count = self.step_count + 1 if global_step is None else int(global_step)

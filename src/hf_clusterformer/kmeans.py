@@ -403,6 +403,61 @@ def _faiss_kmeans(x: torch.Tensor, k: int, num_iters: int, seed: int, init: torc
 # ----------------------------------------------------------------------------------------------------------------
 
 
+def _check_enough_states(k: int, counts: list[int], backend: str, group: Any | None) -> None:
+    """Raise `NotEnoughStatesError` unless the backend sees at least k states: all ranks' ``counts`` for torch, the
+    first rank's for faiss (which clusters the first rank's states only)."""
+    needed = counts[0] if backend != "torch" else sum(counts)
+    if needed < k:
+        where = "on the first rank" if backend != "torch" and group is not None else "in total"
+        raise NotEnoughStatesError(
+            f"K-Means into {k} clusters needs at least {k} usable states, got {needed} {where}; "
+            "collect more states (a larger memory bank or more steps) or use fewer clusters."
+        )
+
+
+def _warm_start(init: torch.Tensor, k: int, x: torch.Tensor, group: Any | None) -> torch.Tensor:
+    """Starting centroids (k, d) from the caller, checked against the states x (n, d), made unit float32 rows on x's
+    device and taken from the first rank."""
+    if init.shape != (k, x.shape[1]):
+        raise ValueError(f"init must have shape ({k}, {x.shape[1]}), got {tuple(init.shape)}.")
+    return _broadcast(F.normalize(init.detach().float().to(x.device), dim=1), group)
+
+
+def _lloyd_subset(x: torch.Tensor, k: int, total: int, max_points_per_centroid: int | None, seed: int) -> torch.Tensor:
+    """The rows (m, d) of x (n, d) that Lloyd runs on: all of them, or a random ``n * k * max_points_per_centroid /
+    total`` of this rank's when all ranks' ``total`` exceeds ``k * max_points_per_centroid`` (faiss' rule)."""
+    if max_points_per_centroid is None or total <= k * max_points_per_centroid:
+        return x
+    generator = torch.Generator(device=x.device).manual_seed(seed + 7919)
+    keep = math.ceil(x.shape[0] * k * max_points_per_centroid / total)
+    return x[torch.randperm(x.shape[0], generator=generator, device=x.device)[:keep]]
+
+
+def _run_backend(
+    backend: str, fit: torch.Tensor, init: torch.Tensor, num_iters: int, seed: int, group: Any | None
+) -> tuple[torch.Tensor, int]:
+    """Lloyd from ``init`` (k, d) on the unit rows ``fit`` (m, d) -> (centroids (k, d), iterations run).
+
+    torch runs distributed Lloyd over every rank; faiss runs on the first rank only (the other ranks return
+    placeholders that the caller's broadcast replaces) and reports ``num_iters``.
+    """
+    if backend == "torch":
+        return _lloyd_torch(fit, init, num_iters, group)
+    k, d = init.shape
+    if not _is_first(group):
+        return torch.empty(k, d, device=fit.device), num_iters
+    return _faiss_kmeans(fit, k, num_iters, seed, init, backend == "faiss-gpu"), num_iters
+
+
+def _cluster_sizes(x: torch.Tensor, centroids: torch.Tensor, group: Any | None) -> tuple[torch.Tensor, float]:
+    """All ranks' cluster sizes (k,) int64 and summed best cosine of the unit rows x (n, d) to ``centroids`` (k, d)."""
+    k = centroids.shape[0]
+    ids, best = _assign(x, centroids)
+    summary = torch.cat([torch.bincount(ids, minlength=k).double(), best.double().sum().view(1)])
+    summary = all_reduce_sum(summary, group)
+    return summary[:k].round().long(), float(summary[k])
+
+
 @torch.no_grad()
 def spherical_kmeans(
     states: torch.Tensor,
@@ -449,48 +504,22 @@ def spherical_kmeans(
     k = int(num_clusters)
     if k < 1:
         raise ValueError(f"num_clusters must be positive, got {num_clusters}.")
-    device = states.device
     x = _prepare(states)
-    name = resolve_backend(backend, device, distributed=process_group is not None)
-    counts = _all_gather_counts(x.shape[0], process_group, device)
-    total = sum(counts)
-    needed = counts[0] if name != "torch" else total
-    if needed < k:
-        where = "on the first rank" if name != "torch" and process_group is not None else "in total"
-        raise NotEnoughStatesError(
-            f"K-Means into {k} clusters needs at least {k} usable states, got {needed} {where}; "
-            "collect more states (a larger memory bank or more steps) or use fewer clusters."
-        )
+    name = resolve_backend(backend, states.device, distributed=process_group is not None)
+    counts = _all_gather_counts(x.shape[0], process_group, states.device)
+    _check_enough_states(k, counts, name, process_group)
     if init is not None:
-        if init.shape != (k, x.shape[1]):
-            raise ValueError(f"init must have shape ({k}, {x.shape[1]}), got {tuple(init.shape)}.")
-        init = _broadcast(F.normalize(init.detach().float().to(device), dim=1), process_group)
-
-    generator = torch.Generator(device=device).manual_seed(seed + 7919)
-    fit = x
-    if max_points_per_centroid is not None and total > k * max_points_per_centroid:
-        keep = math.ceil(x.shape[0] * k * max_points_per_centroid / total)
-        fit = x[torch.randperm(x.shape[0], generator=generator, device=device)[:keep]]
-
+        init = _warm_start(init, k, x, process_group)
+    fit = _lloyd_subset(x, k, sum(counts), max_points_per_centroid, seed)
     if init is None:
         sample = init_sample_size or max(k, min(max(8 * k, 4096), 8192))
         init = _init_centroids(x, k, counts, sample, seed, process_group)
-    iterations = num_iters
-    if name == "torch":
-        centroids, iterations = _lloyd_torch(fit, init, num_iters, process_group)
-    else:
-        centroids = torch.empty(k, x.shape[1], device=device)
-        if _is_first(process_group):
-            centroids = _faiss_kmeans(fit, k, num_iters, seed, init, name == "faiss-gpu")
+    centroids, iterations = _run_backend(name, fit, init, num_iters, seed, process_group)
     if order:
         centroids = order_centroids_greedy(centroids)
     centroids = _broadcast(centroids.contiguous(), process_group)
-
-    ids, best = _assign(x, centroids)
-    summary = torch.cat([torch.bincount(ids, minlength=k).double(), best.double().sum().view(1)])
-    summary = all_reduce_sum(summary, process_group)
-    sizes = summary[:k].round().long()
+    sizes, objective = _cluster_sizes(x, centroids, process_group)
     stats = ClusterStats.from_counts(
-        sizes, float(summary[k]), num_iters=iterations, seconds=time.perf_counter() - start, backend=name
+        sizes, objective, num_iters=iterations, seconds=time.perf_counter() - start, backend=name
     )
     return KMeansResult(centroids=centroids, counts=sizes, stats=stats)

@@ -84,6 +84,53 @@ def misplaced_answers(contexts: Sequence[str], answers: Sequence[Any], answer_co
     return mismatched
 
 
+def _answer_label(encoded: Any, i: int, answer: Mapping[str, list]) -> tuple[int, int, bool]:
+    """Token positions (start, end) of example i's first answer and whether truncation cut it off.
+
+    An example without answers, or with an empty or whitespace-only answer, is labelled (0, 0) (``<s>``), as is
+    one whose answer lies past the kept context (then flagged truncated). The start is the first context token
+    ending after the answer's first character, the end the last one starting before its end.
+    """
+    if not answer["text"]:
+        return 0, 0, False
+    start_char = answer["answer_start"][0]
+    end_char = start_char + len(answer["text"][0])
+    first, last = _context_span(encoded.sequence_ids(i))
+    offsets = np.asarray(encoded["offset_mapping"][i][first : last + 1]).reshape(-1, 2)
+    if last < first or offsets[-1, 1] < end_char:
+        return 0, 0, True
+    start_token = first + int(np.searchsorted(offsets[:, 1], start_char, side="right"))
+    end_token = first + int(np.searchsorted(offsets[:, 0], end_char, side="left")) - 1
+    if end_token < start_token:  # empty or whitespace-only answer
+        return 0, 0, False
+    return start_token, end_token, False
+
+
+def _report_truncation(
+    n_truncated: int,
+    n_examples: int,
+    unanswerable: int,
+    max_length: int,
+    drop_truncated: bool,
+    stats: dict[str, int] | None,
+) -> None:
+    """Log the examples whose answer truncation cut off, and add the batch's counts to ``stats``."""
+    if n_truncated:
+        logger.warning(
+            "%d of %d examples lost their answer to truncation at max_length=%d (%s)",
+            n_truncated, n_examples, max_length,
+            "dropped" if drop_truncated else "labelled at position 0",
+        )
+    if stats is not None:
+        for key, value in (
+            ("examples", n_examples),
+            ("truncated", n_truncated),
+            ("dropped", n_truncated if drop_truncated else 0),
+            ("unanswerable", unanswerable),
+        ):
+            stats[key] = stats.get(key, 0) + value
+
+
 def prepare_train_features(
     examples: Mapping[str, Any],
     tokenizer: PreTrainedTokenizerBase,
@@ -122,48 +169,10 @@ def prepare_train_features(
         )
 
     encoded = _encode(tokenizer, questions, contexts, max_length, pad_to_max_length)
-    starts, ends, truncated = [], [], []
-    unanswerable = 0
-    for i, answer in enumerate(answers):
-        if not answer["text"]:
-            unanswerable += 1
-            starts.append(0)
-            ends.append(0)
-            truncated.append(False)
-            continue
-        start_char = answer["answer_start"][0]
-        end_char = start_char + len(answer["text"][0])
-        first, last = _context_span(encoded.sequence_ids(i))
-        offsets = np.asarray(encoded["offset_mapping"][i][first : last + 1]).reshape(-1, 2)
-        if last < first or offsets[-1, 1] < end_char:
-            starts.append(0)
-            ends.append(0)
-            truncated.append(True)
-            continue
-        # first token ending after start_char, last token starting before end_char
-        start_token = first + int(np.searchsorted(offsets[:, 1], start_char, side="right"))
-        end_token = first + int(np.searchsorted(offsets[:, 0], end_char, side="left")) - 1
-        if end_token < start_token:  # empty or whitespace-only answer
-            start_token = end_token = 0
-        starts.append(start_token)
-        ends.append(end_token)
-        truncated.append(False)
-
-    n_truncated = sum(truncated)
-    if n_truncated:
-        logger.warning(
-            "%d of %d examples lost their answer to truncation at max_length=%d (%s)",
-            n_truncated, len(answers), max_length,
-            "dropped" if drop_truncated else "labelled at position 0",
-        )
-    if stats is not None:
-        for key, value in (
-            ("examples", len(answers)),
-            ("truncated", n_truncated),
-            ("dropped", n_truncated if drop_truncated else 0),
-            ("unanswerable", unanswerable),
-        ):
-            stats[key] = stats.get(key, 0) + value
+    labels = [_answer_label(encoded, i, answer) for i, answer in enumerate(answers)]
+    starts, ends, truncated = (list(column) for column in zip(*labels)) if labels else ([], [], [])
+    unanswerable = sum(not answer["text"] for answer in answers)
+    _report_truncation(sum(truncated), len(answers), unanswerable, max_length, drop_truncated, stats)
 
     features = {
         "input_ids": encoded["input_ids"],
@@ -172,7 +181,7 @@ def prepare_train_features(
         "end_positions": ends,
         "answer_truncated": truncated,
     }
-    if drop_truncated and n_truncated:
+    if drop_truncated and any(truncated):
         keep = [i for i, t in enumerate(truncated) if not t]
         features = {k: [v[i] for i in keep] for k, v in features.items()}
     return features

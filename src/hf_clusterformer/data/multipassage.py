@@ -8,6 +8,7 @@ to the gold passage's place in the joined context.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import zipfile
@@ -99,26 +100,16 @@ def build_multipassage_dataset(
     """
     squad = read_squad(squad_zip_path)
     count_tokens = count_tokens or approx_token_count
-    paragraphs: list[str] = []
-    article_of: list[int] = []
-    questions: list[tuple[int, dict[str, Any]]] = []
-    for a, article in enumerate(squad["data"]):
-        for paragraph in article["paragraphs"]:
-            p = len(paragraphs)
-            paragraphs.append(paragraph["context"])
-            article_of.append(a)
-            questions += [(p, qa) for qa in paragraph["qas"]]
+    paragraphs, article_of, questions = _index_squad(squad)
     if not 0 <= num_examples <= len(questions):
         raise ValueError(f"num_examples must be in [0, {len(questions)}], got {num_examples}")
     passage_range = None if passages is None else _range(passages, "passages")
     token_range = _range(context_tokens, "context_tokens")
     article_of_arr = np.array(article_of)
-    lengths: dict[int, int] = {}
 
+    @functools.cache
     def length(p: int) -> int:
-        if p not in lengths:
-            lengths[p] = count_tokens(paragraphs[p]) + 1  # + passage token
-        return lengths[p]
+        return count_tokens(paragraphs[p]) + 1  # + passage token
 
     prefix = passage_token + " "
     order = np.random.default_rng([seed, 0]).permutation(len(questions))[:num_examples]
@@ -129,28 +120,12 @@ def build_multipassage_dataset(
         others = np.flatnonzero(article_of_arr != article_of[gold])
         others = others[rng.permutation(len(others))]
         if passage_range is not None:
-            count = int(rng.integers(passage_range[0], passage_range[1] + 1))
-            if count - 1 > len(others):
-                raise ValueError(
-                    f"only {len(others)} distractor paragraphs available, asked {count - 1}"
-                )
-            chosen = [int(p) for p in others[: count - 1]]
+            chosen = _fixed_distractors(rng, others, passage_range)
         else:
-            target = int(rng.integers(token_range[0], token_range[1] + 1))
-            total, chosen = length(gold), []
-            for p in others:
-                if total >= target:
-                    break
-                chosen.append(int(p))
-                total += length(int(p))
+            chosen = _distractors_up_to(rng, others, token_range, gold, length)
         position = int(rng.integers(len(chosen) + 1))
         chosen.insert(position, gold)
-        offset = sum(len(prefix) + len(paragraphs[p]) + 1 for p in chosen[:position]) + len(prefix)
-        context = " ".join(prefix + paragraphs[p] for p in chosen)
-        answers = {
-            "text": [a["text"] for a in qa["answers"]],
-            "answer_start": [offset + a["answer_start"] for a in qa["answers"]],
-        }
+        context, answers = _join_passages(paragraphs, chosen, position, qa, prefix)
         records.append(
             {
                 "id": qa["id"],
@@ -161,6 +136,62 @@ def build_multipassage_dataset(
             }
         )
     return records
+
+
+def _index_squad(squad: dict[str, Any]) -> tuple[list[str], list[int], list[tuple[int, dict[str, Any]]]]:
+    """SQuAD's paragraphs, each paragraph's article index, and every question as (paragraph index, qa)."""
+    paragraphs: list[str] = []
+    article_of: list[int] = []
+    questions: list[tuple[int, dict[str, Any]]] = []
+    for a, article in enumerate(squad["data"]):
+        for paragraph in article["paragraphs"]:
+            p = len(paragraphs)
+            paragraphs.append(paragraph["context"])
+            article_of.append(a)
+            questions += [(p, qa) for qa in paragraph["qas"]]
+    return paragraphs, article_of, questions
+
+
+def _fixed_distractors(rng: np.random.Generator, others: np.ndarray, passage_range: tuple[int, int]) -> list[int]:
+    """The first ``count - 1`` of the shuffled candidate paragraphs ``others``, ``count`` drawn from
+    ``passage_range`` (gold included)."""
+    count = int(rng.integers(passage_range[0], passage_range[1] + 1))
+    if count - 1 > len(others):
+        raise ValueError(f"only {len(others)} distractor paragraphs available, asked {count - 1}")
+    return [int(p) for p in others[: count - 1]]
+
+
+def _distractors_up_to(
+    rng: np.random.Generator,
+    others: np.ndarray,
+    token_range: tuple[int, int],
+    gold: int,
+    length: Callable[[int], int],
+) -> list[int]:
+    """Shuffled candidate paragraphs ``others``, taken in order until the context (gold included) reaches a length
+    drawn from ``token_range``; ``length`` measures a paragraph with its passage token."""
+    target = int(rng.integers(token_range[0], token_range[1] + 1))
+    total, chosen = length(gold), []
+    for p in others:
+        if total >= target:
+            break
+        chosen.append(int(p))
+        total += length(int(p))
+    return chosen
+
+
+def _join_passages(
+    paragraphs: list[str], chosen: list[int], position: int, qa: dict[str, Any], prefix: str
+) -> tuple[str, dict[str, list]]:
+    """The context joining the ``chosen`` paragraphs, each after ``prefix``, and the answers of ``qa`` (whose
+    paragraph is ``chosen[position]``) with their offsets moved to it."""
+    offset = sum(len(prefix) + len(paragraphs[p]) + 1 for p in chosen[:position]) + len(prefix)
+    context = " ".join(prefix + paragraphs[p] for p in chosen)
+    answers = {
+        "text": [a["text"] for a in qa["answers"]],
+        "answer_start": [offset + a["answer_start"] for a in qa["answers"]],
+    }
+    return context, answers
 
 
 def load_multipassage_dataset(

@@ -1,9 +1,11 @@
-"""The floors of ARCHITECTURE.md: the import-linter contracts of pyproject.toml hold, every module has a floor, and
-no import circle exists (counting imports inside functions)."""
+"""The floors of ARCHITECTURE.md: the import-linter contracts of pyproject.toml hold, every module has a floor, no
+import circle exists (counting imports inside functions), and ARCHITECTURE.md names the floors and code that exist."""
 
 from __future__ import annotations
 
 import ast
+import importlib
+import re
 import tomllib
 from pathlib import Path
 
@@ -12,6 +14,7 @@ from importlinter.cli import lint_imports
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = ROOT / "pyproject.toml"
+ARCHITECTURE = ROOT / "ARCHITECTURE.md"
 SRC = ROOT / "src"
 
 
@@ -101,3 +104,35 @@ def test_the_cycle_finder_finds_a_circle():
             return self.imports[module]
 
     assert _cycles(Graph(), {"a", "b", "c", "d"}) == [["a", "b", "c"]]
+
+
+def _resolve(name: str) -> object:
+    """The object a dotted name ``package.module.attribute...`` names (AttributeError / ImportError if none)."""
+    parts = name.split(".")
+    for split in range(len(parts), 0, -1):
+        try:
+            target = importlib.import_module(".".join(parts[:split]))
+        except ModuleNotFoundError:
+            continue
+        for attribute in parts[split:]:
+            target = getattr(target, attribute)
+        return target
+    raise ImportError(name)
+
+
+def test_architecture_page_floors_match_the_contract():
+    """The page's floor table lists, top floor first, the contract's floors (plus the two top-level modules)."""
+    rows = [line for line in ARCHITECTURE.read_text(encoding="utf-8").splitlines() if re.match(r"\| \d\. ", line)]
+    page = [{name if name.startswith("hf_clusterformer_cli") else f"hf_clusterformer.{name}"
+             for name in re.findall(r"`([\w.]+)`", row.split("|")[2])} for row in rows]
+    assert page[0] == {"hf_clusterformer_cli"}
+    expected = [set(floor) for floor in _floors()]
+    expected[-1].add("hf_clusterformer_cli_support")
+    assert page[1:] == expected
+
+
+def test_architecture_page_names_real_code():
+    names = set(re.findall(r"`(hf_clusterformer(?:\.\w+)+)`", ARCHITECTURE.read_text(encoding="utf-8")))
+    assert len(names) > 15
+    for name in sorted(names):
+        _resolve(name)

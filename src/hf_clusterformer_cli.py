@@ -19,6 +19,11 @@ from pathlib import Path
 from hf_clusterformer_cli_support import CommandError, OneLineParser
 
 
+#: Most context tokens a model may be set to take (``--max-context-length``): 16M tokens, far beyond what fits in
+#: memory in one forward pass.
+MAX_CONTEXT_LENGTH = 1 << 24
+
+
 def _positive_int(value: str) -> int:
     try:
         number = int(value)
@@ -29,11 +34,23 @@ def _positive_int(value: str) -> int:
     return number
 
 
+def _context_length(value: str) -> int:
+    """A ``--max-context-length``: a positive integer up to `MAX_CONTEXT_LENGTH`."""
+    number = _positive_int(value)
+    if number > MAX_CONTEXT_LENGTH:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_CONTEXT_LENGTH} tokens, got {value}")
+    return number
+
+
 def _read_text(path: str, what: str) -> str:
-    """A UTF-8 text file, with one-line errors naming it."""
-    if not os.path.isfile(path):
-        raise CommandError(f"{what} {path} does not exist.")
+    """A UTF-8 text file (``-``: standard input), with one-line errors naming it."""
     try:
+        if path == "-":
+            return sys.stdin.buffer.read().decode("utf-8")
+        if os.path.isdir(path):
+            raise CommandError(f"{what} {path} is a folder; give a text file (or - for standard input).")
+        if not os.path.isfile(path):
+            raise CommandError(f"{what} {path} does not exist.")
         return Path(path).read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
         raise CommandError(
@@ -110,17 +127,28 @@ def _weights_error(path: str, error: Exception) -> str:
     return f"could not read the weights of {path}: {error}"
 
 
+#: Files of which a saved tokenizer has at least one.
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "spiece.model",
+                    "sentencepiece.bpe.model", "tokenizer.model")
+
+
 def _load_qa_model(path: str, max_context_length: int | None = None):
-    """A Cluster-Former QA model and its tokenizer from a checkpoint directory or Hub id, with clear errors."""
+    """A Cluster-Former QA model (from a Cluster-Former, RoBERTa or BERT-family checkpoint) and its tokenizer from a
+    checkpoint directory or Hub id, with clear errors."""
     from safetensors import SafetensorError
     from transformers import AutoTokenizer
 
-    from hf_clusterformer.modeling_clusterformer import ClusterFormerForQuestionAnswering
+    from hf_clusterformer.hub import load_qa_model
 
     check_model_path(path)
     options = {} if max_context_length is None else {"max_context_length": max_context_length}
     try:
-        model = ClusterFormerForQuestionAnswering.from_pretrained(path, **options)
+        model = load_qa_model(path, **options)
+        if os.path.isdir(path) and not any(os.path.isfile(os.path.join(path, name)) for name in _TOKENIZER_FILES):
+            raise CommandError(
+                f"no tokenizer files in {path} (such as tokenizer.json); save the tokenizer into it with "
+                "tokenizer.save_pretrained, or write the checkpoint with `clusterformer convert`."
+            )
         tokenizer = AutoTokenizer.from_pretrained(path)
     except SafetensorError as error:
         raise CommandError(_weights_error(path, error)) from error
@@ -193,7 +221,12 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     question, context = _read_inputs(args)
     device = _device(args.device)
     model, tokenizer = _load_qa_model(args.model, args.max_context_length)
-    qa = pipeline(model=model, tokenizer=tokenizer, device=device)
+    from hf_clusterformer.pipeline import UntrainedModelError
+
+    try:
+        qa = pipeline(model=model, tokenizer=tokenizer, device=device, allow_untrained=args.allow_untrained)
+    except UntrainedModelError as error:
+        raise CommandError(f"{args.model}: {str(error).replace('allow_untrained=True (--allow-untrained)', '--allow-untrained')}") from error
     encoding = tokenizer(question, context)
     tokens = len(encoding["input_ids"])
     context_tokens = sum(1 for sequence in encoding.sequence_ids() if sequence == 1)
@@ -242,9 +275,13 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
-    from hf_clusterformer.hub import convert_checkpoint
+    from hf_clusterformer.hub import ModelFolderExistsError, check_output_dir, convert_checkpoint
 
     check_model_path(args.source, "source")
+    try:
+        check_output_dir(args.output_dir, args.overwrite, "--overwrite")
+    except OSError as error:
+        raise CommandError(str(error)) from error
     try:
         converted = convert_checkpoint(
             args.source,
@@ -258,7 +295,11 @@ def _cmd_convert(args: argparse.Namespace) -> int:
             max_context_length=args.max_context_length,
             use_answerability_head=args.answerability_head or None,
             num_hidden_layers=args.num_hidden_layers,
+            overwrite=args.overwrite,
+            seed=args.seed,
         )
+    except ModelFolderExistsError as error:
+        raise CommandError(str(error).replace("overwrite=True", "--overwrite")) from error
     except (OSError, ValueError) as error:
         raise CommandError(f"could not convert {args.source}: {error}") from error
     config = converted.config
@@ -340,14 +381,17 @@ def build_parser() -> argparse.ArgumentParser:
         command = commands.add_parser(name, help=text)
         command.add_argument("model", help="Cluster-Former QA checkpoint (directory or Hub id)")
         command.add_argument("--question", required=True)
-        command.add_argument("--context-file", required=True, help="UTF-8 text file with the context")
-        command.add_argument("--max-context-length", type=_positive_int, default=None,
+        command.add_argument("--context-file", required=True, help="UTF-8 text file with the context (- reads it "
+                             "from standard input)")
+        command.add_argument("--max-context-length", type=_context_length, default=None,
                              help="raise the checkpoint's context limit (tokens)")
         if name == "predict":
             command.add_argument("--top-k", type=_positive_int, default=1)
             command.add_argument("--max-answer-length", type=_positive_int, default=30, help="in tokens")
             command.add_argument("--device", default=None, help="e.g. cpu, cuda, cuda:1")
             command.add_argument("--json", action="store_true", help="print JSON")
+            command.add_argument("--allow-untrained", action="store_true",
+                                 help="answer even with a QA head that was never trained (smoke tests)")
         else:
             command.add_argument("--layer", type=int, default=None, help="cluster layer index (default: the first)")
             command.add_argument("--max-clusters", type=_positive_int, default=20)
@@ -368,9 +412,12 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--window-stride", type=int, default=None, help="default 224")
     convert.add_argument("--global-layer-type", default=None, choices=["cluster", "lsh", "sparse"], help="default cluster")
     convert.add_argument("--max-question-length", type=int, default=None, help="default 64")
-    convert.add_argument("--max-context-length", type=int, default=None, help="default 131072")
+    convert.add_argument("--max-context-length", type=_context_length, default=None, help="default 131072")
     convert.add_argument("--num-hidden-layers", type=int, default=None, help="keep only the first N layers")
     convert.add_argument("--answerability-head", action="store_true")
+    convert.add_argument("--overwrite", action="store_true",
+                         help="replace a model already in OUTPUT_DIR (the whole folder, in one rename)")
+    convert.add_argument("--seed", type=int, default=0, help="seed of the newly initialised weights (default 0)")
     convert.add_argument("--push-to", default=None, help="Hub repo id to push the result to")
     convert.add_argument("--private", action="store_true")
 

@@ -444,7 +444,9 @@ def test_card_command_on_its_own_results(trained, capsys):
     assert main(["card", "--config", str(trained), "--results", str(trained / "all_results.json"), "--dataset",
                  "longrange", "--out", str(out)]) == 0
     assert "huggingface.co/datasets/longrange" not in out.read_text(encoding="utf-8")
-    _main_error(capsys, ["card", str(trained.parent / "nothing")], "has no config.json")
+    _main_error(capsys, ["card", str(trained.parent / "nothing")], "nothing does not exist")
+    (trained.parent / "empty-folder").mkdir(exist_ok=True)
+    _main_error(capsys, ["card", str(trained.parent / "empty-folder")], "has no config.json")
     (trained.parent / "broken.json").write_text("{", encoding="utf-8")
     _main_error(capsys, ["card", str(trained), "--results", str(trained.parent / "broken.json"), "--out",
                          str(out)], "broken.json is not valid JSON")

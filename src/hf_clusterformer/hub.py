@@ -16,12 +16,14 @@ checkpoint directory.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import shutil
 import sys
-from collections.abc import Mapping, Sequence
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,22 +34,28 @@ from transformers.dynamic_module_utils import get_imports
 
 from .configuration_clusterformer import ClusterFormerConfig
 from .modeling_clusterformer import ClusterFormerForQuestionAnswering, ClusterFormerModel
-from .pipeline import TASK
+from .pipeline import TASK, UNTRAINED_WEIGHTS, mark_untrained, untrained_weights
 
 __all__ = [
     "CODE_FILES",
     "PICKLE_SUFFIXES",
     "CONVERTIBLE_TYPES",
     "ConvertedCheckpoint",
+    "ModelFolderExistsError",
+    "check_output_dir",
+    "holds_model",
+    "writing_model_dir",
     "check_hub_checkpoint",
     "convert_checkpoint",
     "convert_roberta_checkpoint",
     "hub_auto_map",
     "hub_files",
     "hub_code_imports",
+    "load_qa_model",
     "prepare_for_hub",
     "push_model",
     "save_for_hub",
+    "write_checkpoint",
 ]
 
 logger = logging.getLogger(__name__)
@@ -68,6 +76,70 @@ _CUSTOM_PIPELINE = {
         "type": "text",
     }
 }
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Output folders: never replace a model unless asked, and then all at once
+# ----------------------------------------------------------------------------------------------------------------
+
+#: Files whose presence makes a folder hold a model.
+_MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+
+
+class ModelFolderExistsError(FileExistsError):
+    """The output folder already holds a model and ``overwrite`` was not given."""
+
+
+def holds_model(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a folder with a model in it (config, weights or Trainer ``checkpoint-*`` folders)."""
+    path = Path(path)
+    if not path.is_dir():
+        return False
+    return any((path / name).exists() for name in _MODEL_FILES) or any(
+        child.is_dir() and child.name.startswith(_TRAINER_CHECKPOINT_PREFIX) for child in path.iterdir()
+    )
+
+
+def check_output_dir(path: str | os.PathLike, overwrite: bool = False, option: str = "overwrite=True") -> None:
+    """Raise `ModelFolderExistsError` when ``path`` holds a model and ``overwrite`` is false, and
+    `NotADirectoryError` when it is a file; ``option`` names the switch in the message (``--overwrite``)."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(f"output folder {path} is a file; give a folder.")
+    if not overwrite and holds_model(path):
+        raise ModelFolderExistsError(
+            f"output folder {path} already holds a model; pass {option} to replace it, or give another folder."
+        )
+
+
+@contextlib.contextmanager
+def writing_model_dir(path: str | os.PathLike, overwrite: bool = False, option: str = "overwrite=True") -> Iterator[Path]:
+    """Write a model into a sibling temporary folder, then put it in place of ``path`` in one rename.
+
+    Refuses (before anything is written) a ``path`` that holds a model unless ``overwrite``; with it, the whole old
+    folder is replaced. A failure or interruption removes the temporary folder and leaves ``path`` as it was. Files
+    already in a ``path`` that holds no model are kept.
+    """
+    path = Path(path)
+    check_output_dir(path, overwrite, option)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
+    try:
+        yield staging
+        if path.is_dir() and not holds_model(path):  # e.g. an empty folder, or one with the user's other files
+            for child in path.iterdir():
+                if not (staging / child.name).exists():
+                    os.replace(child, staging / child.name)
+        previous = None
+        if path.exists():
+            previous = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+            os.replace(path, previous / "model")
+        os.replace(staging, path)
+        if previous is not None:
+            shutil.rmtree(previous, ignore_errors=True)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def hub_auto_map(question_answering: bool = True) -> dict[str, str]:
@@ -119,6 +191,7 @@ def save_for_hub(
     card: Any = None,
     card_data: Mapping[str, Any] | None = None,
     max_shard_size: int | str = "5GB",
+    overwrite: bool = False,
 ) -> Path:
     """Write a self-contained checkpoint: weights, config, code files, tokenizer and README.md.
 
@@ -131,10 +204,29 @@ def save_for_hub(
         card_data: keyword arguments for `make_model_card` (``model_id``, ``base_model``, ``datasets``,
             ``results``, ``centroid_fitting``, ...); the centroid state is read from the model.
         max_shard_size: safetensors shard size.
+        overwrite: replace a model already in ``save_dir`` (the whole folder, in one rename); without it such a
+            folder is refused with `ModelFolderExistsError`.
 
     Returns:
-        The directory. Raises `ValueError` if the result fails `check_hub_checkpoint`.
+        The directory. Raises `ValueError` if the result fails `check_hub_checkpoint` (``save_dir`` is then left
+        as it was).
     """
+    with writing_model_dir(save_dir, overwrite) as staging:
+        write_checkpoint(model, tokenizer, staging, card=card, card_data=card_data, max_shard_size=max_shard_size)
+    return Path(save_dir)
+
+
+def write_checkpoint(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase | None,
+    save_dir: str | os.PathLike,
+    *,
+    card: Any = None,
+    card_data: Mapping[str, Any] | None = None,
+    max_shard_size: int | str = "5GB",
+) -> Path:
+    """`save_for_hub` into ``save_dir`` in place, over what is there (for a folder being written, such as a
+    training run's own output folder)."""
     from .modelcard import make_model_card
 
     save_dir = Path(save_dir)
@@ -142,6 +234,8 @@ def save_for_hub(
     prepare_for_hub(model, tokenizer)
     question_answering = _is_question_answering(model)
     config = model.config
+    if getattr(config, UNTRAINED_WEIGHTS, None) and not untrained_weights(model):
+        delattr(config, UNTRAINED_WEIGHTS)  # trained since it was recorded
     previous = getattr(config, "custom_pipelines", None)
     if question_answering:
         config.custom_pipelines = json.loads(json.dumps(_CUSTOM_PIPELINE))
@@ -327,6 +421,8 @@ def convert_checkpoint(
     card_data: Mapping[str, Any] | None = None,
     revision: str | None = None,
     token: str | bool | None = None,
+    overwrite: bool = False,
+    seed: int = 0,
 ) -> ConvertedCheckpoint:
     """Turn a RoBERTa, BERT-family (BERT, MiniLM, bge, e5) or Cluster-Former checkpoint into a self-contained
     Cluster-Former one.
@@ -347,11 +443,18 @@ def convert_checkpoint(
             warning, one named here must load).
         card_data: extra `make_model_card` arguments; ``base_model`` defaults to ``src`` when it is a Hub id.
         revision, token: for loading ``src`` from the Hub.
+        overwrite: replace a model already in ``dst`` (see `save_for_hub`); without it such a folder is refused
+            with `ModelFolderExistsError` before anything is loaded.
+        seed: seeds every newly initialised weight (a new QA head), so that two conversions of one source give the
+            same checkpoint in any process. New weights are recorded as untrained in the config
+            (`hf_clusterformer.pipeline.mark_untrained`): the pipeline and ``clusterformer predict`` refuse them
+            until the model is trained.
 
     Raises:
         ValueError: ``src`` is not of a convertible type, or the options are invalid (e.g. windows that do not fit
         the position table).
     """
+    check_output_dir(dst, overwrite)
     hub_kwargs = {"revision": revision, "token": token}
     source = AutoConfig.from_pretrained(src, **hub_kwargs)
     if source.model_type not in CONVERTIBLE_TYPES:
@@ -383,9 +486,27 @@ def convert_checkpoint(
         raise ValueError(
             f"num_hidden_layers must be in [1, {source.num_hidden_layers}] (the layers of {src}), got {num_hidden_layers}."
         )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)  # new weights are drawn from the global generator
+        model, newly_initialized = _converted_model(src, source, loaded_tokenizer, options, hub_kwargs)
+    config = model.config
+    if newly_initialized:  # returned, and printed by the command line: logged once, at info level
+        logger.info("Newly initialised (not in %s): %s; fine-tune before use.", src, ", ".join(newly_initialized))
+    mark_untrained(model, sorted(set(newly_initialized) | set(untrained_weights(model))))  # a source's own too
+
+    card_kwargs = dict(card_data or {})
+    if not Path(src).exists() and "base_model" not in card_kwargs:
+        card_kwargs["base_model"] = str(src)
+    save_for_hub(model, loaded_tokenizer, dst, card_data=card_kwargs, overwrite=overwrite)
+    return ConvertedCheckpoint(Path(dst), config, newly_initialized, loaded_tokenizer is not None, source.model_type)
+
+
+def _converted_model(src, source, tokenizer, options, hub_kwargs) -> tuple[ClusterFormerForQuestionAnswering, list[str]]:
+    """The Cluster-Former QA model of a source checkpoint, and the names of its parameters the source lacks (the
+    router buffers excluded)."""
     state = None
     if source.model_type == "bert":
-        values, state = _bert_as_roberta(src, source, loaded_tokenizer, hub_kwargs)
+        values, state = _bert_as_roberta(src, source, tokenizer, hub_kwargs)
     else:
         dropped = ("model_type", "architectures", "auto_map", "custom_pipelines", "transformers_version", "_name_or_path")
         values = {k: v for k, v in source.to_dict().items() if k not in dropped}
@@ -409,15 +530,40 @@ def convert_checkpoint(
         model = ClusterFormerForQuestionAnswering(config)
         missing = model.load_state_dict(state, strict=False).missing_keys
     routers = {f"roberta.encoder.routers.{i}." for i in config.cluster_layers}
-    newly_initialized = sorted(k for k in missing if not any(k.startswith(r) for r in routers))
-    if newly_initialized:  # returned, and printed by the command line: logged once, at info level
-        logger.info("Newly initialised (not in %s): %s; fine-tune before use.", src, ", ".join(newly_initialized))
+    return model, sorted(k for k in missing if not any(k.startswith(r) for r in routers))
 
-    card_kwargs = dict(card_data or {})
-    if not Path(src).exists() and "base_model" not in card_kwargs:
-        card_kwargs["base_model"] = str(src)
-    save_for_hub(model, loaded_tokenizer, dst, card_data=card_kwargs)
-    return ConvertedCheckpoint(Path(dst), config, newly_initialized, loaded_tokenizer is not None, source.model_type)
+
+def load_qa_model(
+    path: str | os.PathLike, *, seed: int = 0, revision: str | None = None, token: str | bool | None = None,
+    **options: Any,
+) -> ClusterFormerForQuestionAnswering:
+    """A Cluster-Former QA model from a Cluster-Former, RoBERTa or BERT-family checkpoint, in memory.
+
+    A BERT-family checkpoint is mapped as `convert_checkpoint` maps it. Weights the checkpoint lacks (a QA head) are
+    drawn with ``seed`` and recorded as untrained (`hf_clusterformer.pipeline.mark_untrained`), so the pipeline
+    refuses them. ``options`` override config values (e.g. ``max_context_length``).
+    """
+    hub_kwargs = {"revision": revision, "token": token}
+    source = AutoConfig.from_pretrained(path, **hub_kwargs)
+    if source.model_type not in CONVERTIBLE_TYPES:
+        raise ValueError(
+            f"{path} is a {source.model_type!r} checkpoint; Cluster-Former loads {', '.join(CONVERTIBLE_TYPES)}."
+        )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if source.model_type == "bert":
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(path, **hub_kwargs)
+            except (OSError, ValueError, TypeError):
+                tokenizer = None
+            model, new = _converted_model(path, source, tokenizer, options, hub_kwargs)
+        else:
+            model, info = ClusterFormerForQuestionAnswering.from_pretrained(
+                path, output_loading_info=True, **hub_kwargs, **options
+            )
+            new = [key for key in info["missing_keys"] if ".routers." not in key]
+    mark_untrained(model, sorted(set(new) | set(untrained_weights(model))))
+    return model
 
 
 #: The former name of `convert_checkpoint`, kept for existing callers.

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import copy
+import hashlib
 import itertools
 import math
 import re
@@ -38,6 +39,59 @@ _SPLITTING_PARAMETERS = ("doc_stride", "max_seq_len", "max_question_len", "paddi
 _MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "question_lengths")
 _BLANK_LINE = re.compile(r"\n[ \t\r\f\v]*\n")
 _SENTENCE_END = re.compile(r"[.!?][\"')\]]*\s+")
+
+
+#: Config attribute naming the weights that were newly initialised (a QA head added to an encoder) and a fingerprint
+#: of their initial values: while the weights still have those values, the model was never trained.
+UNTRAINED_WEIGHTS = "untrained_weights"
+
+
+class UntrainedModelError(ValueError):
+    """The model's QA head was newly initialised and never trained, so its answers would be random."""
+
+
+def _weights_fingerprint(model: Any, names: list[str]) -> str:
+    """sha256 of the named weights, rounded to bfloat16 (so that float32, float16 and bfloat16 loads agree)."""
+    tensors = dict(model.named_parameters())
+    digest = hashlib.sha256()
+    for name in sorted(names):
+        digest.update(name.encode())
+        values = tensors[name].detach().to(device="cpu", dtype=torch.bfloat16).float().contiguous()
+        digest.update(values.numpy().tobytes())
+    return digest.hexdigest()
+
+
+def mark_untrained(model: Any, names: list[str]) -> None:
+    """Record in ``model.config`` that the parameters ``names`` were newly initialised (nothing when none are)."""
+    parameters = dict(model.named_parameters())
+    names = sorted(name for name in names if name in parameters)
+    if names:
+        setattr(model.config, UNTRAINED_WEIGHTS, {"names": names, "sha256": _weights_fingerprint(model, names)})
+
+
+def untrained_weights(model: Any) -> list[str]:
+    """The newly initialised parameters of ``model`` that still hold their initial values (empty once trained, or
+    when nothing was recorded)."""
+    record = getattr(model.config, UNTRAINED_WEIGHTS, None)
+    if not isinstance(record, dict) or not record.get("names"):
+        return []
+    parameters = dict(model.named_parameters())
+    names = [name for name in record["names"] if name in parameters]
+    if names and _weights_fingerprint(model, names) == record.get("sha256"):
+        return names
+    return []
+
+
+def check_trained(model: Any, allow_untrained: bool = False) -> None:
+    """Raise `UntrainedModelError` when ``model`` answers with weights that were never trained (see
+    `mark_untrained`), unless ``allow_untrained`` (smoke tests)."""
+    names = untrained_weights(model)
+    if names and not allow_untrained:
+        raise UntrainedModelError(
+            f"the QA head of this model ({', '.join(names)}) was newly initialised and never trained, so its answers "
+            "would be random; fine-tune it first (`clusterformer train --model_name_or_path DIR ...`), or pass "
+            "allow_untrained=True (--allow-untrained) for a smoke test."
+        )
 
 
 def required_model_max_length(config: Any) -> int | None:
@@ -69,6 +123,9 @@ class ClusterFormerQuestionAnsweringPipeline(Pipeline):
         long_answer_top_k (`int`, defaults to 1): long answers per example.
         passage_token (`str`, defaults to ``"<p>"``): token that starts a paragraph.
 
+    A model whose QA head was newly initialised and never trained (recorded by ``clusterformer convert``, see
+    `mark_untrained`) is refused with `UntrainedModelError`; ``allow_untrained=True`` at construction allows it.
+
     Batches are right-padded (a left-padding tokenizer is copied with ``padding_side="right"``). Models that are not
     Cluster-Former take inputs up to their position table (512 tokens for RoBERTa); longer ones are refused with
     that limit, as contexts are never split.
@@ -83,8 +140,9 @@ class ClusterFormerQuestionAnsweringPipeline(Pipeline):
     _load_feature_extractor = False
     _load_tokenizer = True
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, allow_untrained: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
+        check_trained(self.model, allow_untrained)
         if self.tokenizer is None or not getattr(self.tokenizer, "is_fast", False):
             raise ValueError(
                 "ClusterFormerQuestionAnsweringPipeline needs a fast tokenizer (for character offsets); "
@@ -451,6 +509,11 @@ def _sentence_groups(
 
 def _pair_inputs(question, context) -> dict | list[dict]:
     """Turn question/context strings or lists (a single string is repeated) into pipeline inputs."""
+    for name, value in (("question", question), ("context", context)):
+        if isinstance(value, (bytes, bytearray)):
+            raise ValueError(f"The {name} is bytes; decode it to a string first ({name}.decode('utf-8')).")
+        if not isinstance(value, str) and not isinstance(value, (list, tuple)):
+            raise ValueError(f"The {name} must be a string or a list of strings, got {type(value).__name__}.")
     if isinstance(question, str) and isinstance(context, str):
         return {"question": question, "context": context}
     questions = [question] if isinstance(question, str) else list(question)
@@ -509,12 +572,30 @@ def pipeline(model: Any = None, tokenizer: Any = None, **kwargs: Any) -> Cluster
 
     register_pipeline()
     kwargs.setdefault("pipeline_class", ClusterFormerQuestionAnsweringPipeline)
+    if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
+        model, tokenizer = _load_for_pipeline(str(model), tokenizer, kwargs)
     return make_pipeline(TASK, model=model, tokenizer=tokenizer, **kwargs)
+
+
+def _load_for_pipeline(path: str, tokenizer: Any, kwargs: dict) -> tuple[Any, Any]:
+    """The QA model of a checkpoint, its weights that the checkpoint lacks marked as untrained (`mark_untrained`)."""
+    hub = {name: kwargs[name] for name in ("revision", "token", "trust_remote_code") if name in kwargs}
+    options = {**hub, **dict(kwargs.pop("model_kwargs", None) or {})}
+    if "dtype" in kwargs:
+        options["dtype"] = kwargs.pop("dtype")
+    model, info = AutoModelForQuestionAnswering.from_pretrained(path, output_loading_info=True, **options)
+    mark_untrained(model, [key for key in info["missing_keys"] if "routers." not in key])
+    return model, tokenizer if tokenizer is not None else path
 
 
 __all__ = [
     "PASSAGE_TOKEN",
+    "UNTRAINED_WEIGHTS",
     "ClusterFormerQuestionAnsweringPipeline",
+    "UntrainedModelError",
+    "check_trained",
+    "mark_untrained",
+    "untrained_weights",
     "pipeline",
     "rank_paragraphs",
     "rank_spans",

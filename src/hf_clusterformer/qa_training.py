@@ -33,10 +33,11 @@ from .configuration_clusterformer import ClusterFormerConfig, required_position_
 from .data import build_longrange_tokenizer, build_tokenizer, load_longrange_dataset, load_multipassage_dataset
 from .data.longrange import squad_features
 from .features import misplaced_answers, postprocess_predictions, prepare_train_features, prepare_validation_features
-from .hub import save_for_hub
+from .hub import check_output_dir, holds_model, load_qa_model, write_checkpoint, writing_model_dir
 from .metrics import load_squad_metric
 from .modelcard import run_card_data
 from .modeling_clusterformer import ClusterFormerForQuestionAnswering, locate_question_prefix
+from .pipeline import check_trained
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +70,13 @@ class ModelArguments:
     dropout: float | None = field(default=None, metadata={"help": "Hidden and attention dropout."})
     max_context_length: int | None = field(
         default=None, metadata={"help": "Context tokens a model takes (default: the checkpoint's; from scratch: max_seq_length)."}
+    )
+    overwrite: bool = field(
+        default=False, metadata={"help": "Train into an output_dir that already holds a model: replace it (the whole "
+                                         "folder, in one rename at the end)."}
+    )
+    allow_untrained: bool = field(
+        default=False, metadata={"help": "Evaluate even a QA head that was never trained (smoke tests)."}
     )
 
     def cluster_options(self) -> dict[str, Any]:
@@ -299,11 +307,12 @@ def load_tokenizer(model: ModelArguments, data: DataArguments, raw: datasets.Dat
     return build_tokenizer(texts, vocab_size=model.vocab_size)
 
 
-def load_model(model: ModelArguments, data: DataArguments, tokenizer) -> ClusterFormerForQuestionAnswering:
-    """From a checkpoint (RoBERTa or Cluster-Former) with the command-line cluster options, or from scratch."""
+def load_model(model: ModelArguments, data: DataArguments, tokenizer, seed: int = 0) -> ClusterFormerForQuestionAnswering:
+    """From a checkpoint (Cluster-Former, RoBERTa or BERT-family) with the command-line cluster options, or from
+    scratch. Weights a checkpoint lacks are drawn with ``seed`` and recorded as untrained (`load_qa_model`)."""
     options = model.cluster_options()
     if model.model_name_or_path:
-        return ClusterFormerForQuestionAnswering.from_pretrained(model.model_name_or_path, **options)
+        return load_qa_model(model.model_name_or_path, seed=seed, **options)
     window = options.get("window_size", 256)
     question = options.get("max_question_length", 64)
     config = ClusterFormerConfig(
@@ -389,6 +398,14 @@ def predict_answers(
 # -- main ---------------------------------------------------------------------------------------------------------
 
 
+#: Config values of the model a run trained or evaluated, recorded in ``all_results.json``.
+_RECORDED_CONFIG = (
+    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "layer_types",
+    "cluster_layers", "global_layer_type", "num_clusters", "window_size", "window_stride", "max_question_length",
+    "max_context_length", "use_answerability_head",
+)
+
+
 def run(
     model_args: ModelArguments,
     data_args: DataArguments,
@@ -398,8 +415,26 @@ def run(
 ) -> dict[str, Any]:
     """Train and/or evaluate; save model, tokenizer, metrics and model card to ``training_args.output_dir``.
 
+    Training into an ``output_dir`` that holds a model is refused (`hf_clusterformer.hub.ModelFolderExistsError`)
+    unless ``model_args.overwrite`` (or ``resume_from_checkpoint``); with it, the run writes into a sibling folder
+    that replaces ``output_dir`` in one rename when the run ends.
+
     Returns the metrics dict (train loss/time, eval EM/F1, truncation counts).
     """
+    output_dir = training_args.output_dir
+    if training_args.do_train and not training_args.resume_from_checkpoint:
+        check_output_dir(output_dir, model_args.overwrite, "--overwrite")
+        if holds_model(output_dir):  # and --overwrite
+            with writing_model_dir(output_dir, overwrite=True) as staging:
+                training_args.output_dir = str(staging)
+                try:
+                    return _run(model_args, data_args, centroid_args, training_args, callbacks, Path(output_dir).resolve().name)
+                finally:
+                    training_args.output_dir = output_dir
+    return _run(model_args, data_args, centroid_args, training_args, callbacks, Path(output_dir).resolve().name)
+
+
+def _run(model_args, data_args, centroid_args, training_args, callbacks, name: str) -> dict[str, Any]:
     start = time.time()
     if training_args.dataloader_pin_memory and not torch.cuda.is_available():
         training_args.dataloader_pin_memory = False  # pinned memory needs an accelerator; torch warns each epoch
@@ -410,8 +445,10 @@ def run(
         raise ValueError("--do_eval needs validation data: give --validation_file or a dataset with a validation split.")
     tokenizer = load_tokenizer(model_args, data_args, raw, training_args.output_dir)
     set_seed(training_args.seed)  # before the model: a from-scratch initialisation follows --seed
-    model = load_model(model_args, data_args, tokenizer)
+    model = load_model(model_args, data_args, tokenizer, seed=training_args.seed)
     logger.info("model: %s", model.config.layer_types)
+    if not training_args.do_train:
+        check_trained(model, model_args.allow_untrained)
 
     metrics: dict[str, Any] = {}
     train_features = None
@@ -450,14 +487,16 @@ def run(
     metrics["seconds"] = round(time.time() - start, 1)
     if trainer.is_world_process_zero():
         os.makedirs(training_args.output_dir, exist_ok=True)
-        results = {"metrics": metrics, "data": asdict(data_args), "model": asdict(model_args)}
+        evaluated = {name: getattr(model.config, name, None) for name in _RECORDED_CONFIG}  # not the CLI's defaults
+        results = {"metrics": metrics, "data": asdict(data_args),
+                   "model": {"model_name_or_path": model_args.model_name_or_path, **evaluated}}
         with open(Path(training_args.output_dir) / "all_results.json", "w", encoding="utf-8") as handle:
             json.dump(results, handle, indent=1)
         if training_args.do_train:  # code files, auto_map, tokenizer and card: `clusterformer push` takes it as it is
-            card = {"model_id": Path(training_args.output_dir).resolve().name, **run_card_data(results)}
+            card = {"model_id": name, **run_card_data(results)}
             if model_args.model_name_or_path and not os.path.exists(model_args.model_name_or_path):
                 card["base_model"] = model_args.model_name_or_path
-            save_for_hub(trainer.model, tokenizer, training_args.output_dir, card_data=card)
+            write_checkpoint(trainer.model, tokenizer, training_args.output_dir, card_data=card)  # over save_model's
     return metrics
 
 

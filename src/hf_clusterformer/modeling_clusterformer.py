@@ -1052,3 +1052,9 @@ __all__ = [
     "unsort_from_chunks",
     "windows_to_tokens",
 ]
+
+# Every save_pretrained (the Trainer's checkpoints included) writes auto_map and copies this file and the
+# configuration file next to the weights, so a saved folder loads with trust_remote_code=True without this package.
+ClusterFormerConfig.register_for_auto_class()
+ClusterFormerModel.register_for_auto_class("AutoModel")
+ClusterFormerForQuestionAnswering.register_for_auto_class("AutoModelForQuestionAnswering")

@@ -8,12 +8,14 @@ A top-level module so that the command starts without importing ``hf_clusterform
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 from hf_clusterformer_cli_support import CommandError, OneLineParser
@@ -352,7 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="clusterformer",
         description="Cluster-Former: long-context extractive QA with clustering-based sparse attention.",
-        epilog="Options take dashes or underscores (--max-answer-length or --max_answer_length).",
+        epilog="Options take dashes or underscores (--max-answer-length or --max_answer_length). -v (--verbose) "
+               "shows progress bars and the libraries' loading reports.",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     commands.required = True
@@ -444,15 +447,46 @@ def _dash_options(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]
     return normalised
 
 
+@contextlib.contextmanager
+def _quiet(verbose: bool, datasets_bars: bool = False) -> Iterator[None]:
+    """Without ``-v``: no loading/saving progress bars and no transformers reports below errors (restored after);
+    this package's own warnings (unfitted centroids) still show, once."""
+    if verbose:
+        yield
+        return
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    datasets_logging = None
+    if datasets_bars:
+        from datasets.utils import logging as datasets_logging
+
+        datasets_enabled = datasets_logging.is_progress_bar_enabled()
+        datasets_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+        if datasets_logging is not None and datasets_enabled:
+            datasets_logging.enable_progress_bar()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    verbose = any(token in ("-v", "--verbose") for token in argv)
+    argv = [token for token in argv if token not in ("-v", "--verbose")]
     try:
         if argv and argv[0] in ("train", "evaluate"):
             if "-h" in argv[1:] or "--help" in argv[1:]:
                 from hf_clusterformer.qa_training import parse_args
 
                 parse_args(["--help"], prog=f"clusterformer {argv[0]}")
-            return _cmd_train(argv[1:], evaluate_only=argv[0] == "evaluate")
+            with _quiet(verbose, datasets_bars=True):
+                return _cmd_train(argv[1:], evaluate_only=argv[0] == "evaluate")
         if argv and argv[0] == "card":
             from hf_clusterformer.modelcard import main as card
 
@@ -460,7 +494,8 @@ def main(argv: list[str] | None = None) -> int:
         parser = build_parser()
         args = parser.parse_args(_dash_options(parser, argv))
         handler = {"predict": _cmd_predict, "inspect": _cmd_inspect, "convert": _cmd_convert, "push": _cmd_push}
-        return handler[args.command](args)
+        with _quiet(verbose):
+            return handler[args.command](args)
     except CommandError as error:
         print(f"clusterformer: error: {' '.join(str(error).split())}", file=sys.stderr)
         return 2

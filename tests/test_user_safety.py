@@ -1,0 +1,330 @@
+"""Nothing a user made is lost, no silent answers from weights that were never trained, and saved folders that load
+without this package: output folders, untrained-head records, BERT-family checkpoints, the code files of every save,
+the pipeline task, the card's own snippets, card regeneration, evaluation records and small input errors.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import tiny_config
+from safetensors.torch import load_file
+from test_remote_code import HIDE_PACKAGE
+from transformers import BertConfig, BertForQuestionAnswering, BertTokenizerFast, RobertaConfig, RobertaModel
+
+import hf_clusterformer
+from hf_clusterformer import ClusterFormerForQuestionAnswering
+from hf_clusterformer_cli import main
+from hf_clusterformer.data.tokenizer import build_tokenizer
+from hf_clusterformer.hub import ModelFolderExistsError, save_for_hub
+from hf_clusterformer.pipeline import ClusterFormerQuestionAnsweringPipeline, UntrainedModelError, untrained_weights
+
+SENTENCES = [
+    "Zorvan lives with Melka in the old house by the river.",
+    "Melka lives in Tarsk, a town known for its bridge.",
+    "The market was quiet that morning and the road was wet.",
+]
+QUESTION = "Where does Melka live?"
+CONTEXT = " ".join(SENTENCES[i % 3] for i in range(12))
+SMALL = ["--cluster-layers", "1", "--num-clusters", "4", "--window-size", "32", "--window-stride", "24",
+         "--max-question-length", "16"]
+ENV = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("safety")
+    (path / "context.txt").write_text(CONTEXT, encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer(SENTENCES * 4 + [QUESTION], vocab_size=300)
+
+
+@pytest.fixture(scope="module")
+def roberta(work, tokenizer) -> Path:
+    """A plain tiny RoBERTa encoder (no QA head) with its tokenizer."""
+    config = RobertaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                           intermediate_size=64, max_position_embeddings=514, type_vocab_size=1)
+    torch.manual_seed(1)
+    path = work / "roberta"
+    RobertaModel(config, add_pooling_layer=False).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def converted(work, roberta) -> Path:
+    """``clusterformer convert`` of the plain encoder: its QA head is new."""
+    path = work / "converted"
+    assert main(["convert", str(roberta), str(path), *SMALL]) == 0
+    return path
+
+
+def _error(capsys, argv: list[str], *fragments: str) -> str:
+    """``main(argv)`` exits 2 with one ``clusterformer: error:`` line holding ``fragments``."""
+    capsys.readouterr()
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("clusterformer: error: "), lines
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def _siblings(path: Path) -> list[str]:
+    return sorted(child.name for child in path.parent.iterdir() if child.name.startswith(f".{path.name}."))
+
+
+# -- never lose a user's work -----------------------------------------------------------------------------------------
+
+
+def test_convert_refuses_a_folder_with_a_model_and_overwrite_replaces_it_whole(work, roberta, capsys):
+    out = work / "twice"
+    assert main(["convert", str(roberta), str(out), *SMALL]) == 0
+    (out / "checkpoint-7").mkdir()
+    (out / "checkpoint-7" / "trainer_state.json").write_text("{}", encoding="utf-8")
+    before = (out / "model.safetensors").read_bytes()
+    _error(capsys, ["convert", str(roberta), str(out), *SMALL, "--num-clusters", "8"], str(out), "--overwrite")
+    assert (out / "model.safetensors").read_bytes() == before and (out / "checkpoint-7").is_dir()
+    assert main(["convert", str(roberta), str(out), *SMALL, "--num-clusters", "8", "--overwrite"]) == 0
+    assert not (out / "checkpoint-7").exists()  # the whole old model is replaced, not mixed with the new one
+    assert json.loads((out / "config.json").read_text(encoding="utf-8"))["num_clusters"] == 8
+    assert _siblings(out) == []  # no temporary folder left behind
+
+
+def test_save_for_hub_refuses_and_a_failed_overwrite_leaves_the_old_model(tmp_path):
+    model = ClusterFormerForQuestionAnswering(tiny_config())
+    target = save_for_hub(model, None, tmp_path / "model")
+    before = {p.name: p.read_bytes() for p in target.iterdir()}
+    with pytest.raises(ModelFolderExistsError, match="overwrite=True"):
+        save_for_hub(model, None, target)
+    with pytest.raises(ValueError, match="card or card_data"):  # fails after the weights were written
+        save_for_hub(model, None, target, card="# card", card_data={"model_id": "x"}, overwrite=True)
+    assert {p.name: p.read_bytes() for p in target.iterdir()} == before and _siblings(target) == []
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.txt").write_text("mine", encoding="utf-8")
+    save_for_hub(model, None, tmp_path / "empty")  # a folder without a model keeps its other files
+    assert (tmp_path / "empty" / "notes.txt").read_text(encoding="utf-8") == "mine"
+    assert (tmp_path / "empty" / "model.safetensors").is_file()
+
+
+def test_train_into_a_folder_with_a_model_is_refused_before_training(work, converted, capsys):
+    run = work / "run"
+    run.mkdir()
+    (run / "config.json").write_text("{}", encoding="utf-8")
+    _error(capsys, ["train", "--output_dir", str(run), "--max_steps", "1", "--report_to", "none", "--use_cpu"],
+           str(run), "--overwrite")
+    assert (run / "config.json").read_text(encoding="utf-8") == "{}"
+
+
+# -- no silent answers ------------------------------------------------------------------------------------------------
+
+
+def test_predict_refuses_a_new_qa_head_and_says_how_to_train(work, converted, roberta, capsys):
+    config = json.loads((converted / "config.json").read_text(encoding="utf-8"))
+    assert config["untrained_weights"]["names"] == ["qa_outputs.bias", "qa_outputs.weight"]
+    assert "never trained" in (converted / "README.md").read_text(encoding="utf-8")
+    context = str(work / "context.txt")
+    for model in (converted, roberta):  # a converted folder, and a plain encoder converted on the fly
+        _error(capsys, ["predict", str(model), "--question", QUESTION, "--context-file", context],
+               str(model), "never trained", "clusterformer train", "--allow-untrained")
+    assert main(["predict", str(converted), "--question", QUESTION, "--context-file", context, "--allow-untrained"]) == 0
+
+
+def test_pipeline_refuses_an_untrained_head_until_it_is_trained(converted, tokenizer, tmp_path):
+    with pytest.raises(UntrainedModelError, match="never trained"):
+        hf_clusterformer.pipeline(model=str(converted))
+    assert hf_clusterformer.pipeline(model=str(converted), allow_untrained=True)(question=QUESTION, context=CONTEXT)
+    model = ClusterFormerForQuestionAnswering.from_pretrained(converted)
+    assert untrained_weights(model) == ["qa_outputs.bias", "qa_outputs.weight"]
+    with torch.no_grad():
+        model.qa_outputs.weight.add_(0.01)  # what any training step does
+    assert untrained_weights(model) == []
+    ClusterFormerQuestionAnsweringPipeline(model=model, tokenizer=tokenizer)
+    saved = save_for_hub(model, tokenizer, tmp_path / "trained")
+    assert "untrained_weights" not in json.loads((saved / "config.json").read_text(encoding="utf-8"))
+    assert "never trained" not in (saved / "README.md").read_text(encoding="utf-8")
+    hf_clusterformer.pipeline(model=str(saved))
+
+
+def test_evaluate_refuses_an_untrained_head(converted, work, capsys):
+    _error(capsys, ["evaluate", "--model_name_or_path", str(converted), "--dataset", "local", "--eval_samples", "2",
+                    "--context_tokens_min", "50", "--context_tokens_max", "80", "--min_gap_tokens", "10",
+                    "--output_dir", str(work / "eval-untrained"), "--report_to", "none", "--use_cpu"],
+           "never trained", "--allow-untrained")
+
+
+# -- BERT-family checkpoints ------------------------------------------------------------------------------------------
+
+
+def test_predict_loads_a_bert_qa_checkpoint_directly(work, capsys):
+    words = sorted({w.strip(".,?").lower() for w in " ".join([*SENTENCES, QUESTION]).split()})
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ",", "?", *words]
+    path = work / "bert-qa"
+    BertTokenizerFast(vocab={token: i for i, token in enumerate(vocab)}).save_pretrained(path)
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=512, pad_token_id=0)
+    BertForQuestionAnswering(config).save_pretrained(path)
+    capsys.readouterr()
+    assert main(["predict", str(path), "--question", QUESTION, "--context-file", str(work / "context.txt"), "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)["answers"][0]
+    assert answer["answer"] == CONTEXT[answer["start"]:answer["end"]] and answer["answer"]
+
+
+# -- saved folders that work without the package ----------------------------------------------------------------------
+
+
+def _without_package(code: str, *args: str) -> subprocess.CompletedProcess:
+    """Run ``code`` where ``hf_clusterformer`` cannot be imported, with no standard input (a prompt fails at once)."""
+    return subprocess.run([sys.executable, "-c", HIDE_PACKAGE + code, *args], capture_output=True, text=True,
+                          env=ENV, stdin=subprocess.DEVNULL, timeout=120)
+
+
+def test_plain_save_pretrained_loads_without_the_package(tmp_path):
+    """A fresh process (no earlier save_for_hub in it) saves with model.save_pretrained alone."""
+    save = f"""
+import sys, torch
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from helpers import tiny_config
+from hf_clusterformer import ClusterFormerForQuestionAnswering
+torch.manual_seed(0)
+model = ClusterFormerForQuestionAnswering(tiny_config()).eval()
+model.save_pretrained(sys.argv[1])
+"""
+    subprocess.run([sys.executable, "-c", save, str(tmp_path / "plain")], check=True, capture_output=True, env=ENV,
+                   timeout=120)
+    model = ClusterFormerForQuestionAnswering.from_pretrained(tmp_path / "plain").eval()
+    ids = torch.tensor([[0, 5, 6, 2, 2, *range(7, 40), 2]])
+    with torch.no_grad():
+        expected = model(input_ids=ids).start_logits
+    code = """
+import torch
+from transformers import AutoModelForQuestionAnswering
+model = AutoModelForQuestionAnswering.from_pretrained(sys.argv[1], trust_remote_code=True).eval()
+with torch.no_grad():
+    print(model(input_ids=torch.tensor([[0, 5, 6, 2, 2, *range(7, 40), 2]])).start_logits.tolist())
+"""
+    result = _without_package(code, str(tmp_path / "plain"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert torch.tensor(json.loads(result.stdout.strip().splitlines()[-1])) == pytest.approx(expected)
+
+
+def test_question_answering_task_after_the_import(converted, tmp_path):
+    """A folder with the pipeline code in config.json: transformers' own rule asks for trust_remote_code, so the
+    calls that use this package's pipeline are hf_clusterformer.pipeline and pipeline_class=."""
+    from transformers import pipeline
+
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        pipeline("question-answering", model=str(converted))
+    qa = pipeline("question-answering", model=str(converted), pipeline_class=ClusterFormerQuestionAnsweringPipeline,
+                  allow_untrained=True)
+    assert type(qa) is ClusterFormerQuestionAnsweringPipeline
+    assert type(hf_clusterformer.pipeline(model=str(converted), allow_untrained=True)) is ClusterFormerQuestionAnsweringPipeline
+    model = ClusterFormerForQuestionAnswering(tiny_config())
+    model.save_pretrained(tmp_path / "no-custom-pipeline")  # no custom_pipelines entry: the registry answers
+    from transformers import AutoTokenizer
+
+    assert type(pipeline("question-answering", model=model, tokenizer=AutoTokenizer.from_pretrained(converted))) is (
+        ClusterFormerQuestionAnsweringPipeline
+    )
+
+
+def test_every_card_snippet_runs(tmp_path, tokenizer):
+    """The plugin snippet runs with the package; the others where it cannot be imported, without a prompt."""
+    torch.manual_seed(0)
+    model = ClusterFormerForQuestionAnswering(tiny_config(vocab_size=len(tokenizer), max_question_length=32))
+    folder = save_for_hub(model, tokenizer, tmp_path / "card-model")
+    card = (folder / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", card, flags=re.S)
+    assert len(blocks) == 2 and "trust_remote_code=True" in blocks[1].split("AutoTokenizer.from_pretrained")[1]
+    prelude = f"import sys\nlong_text = {CONTEXT!r}\n"
+    with_plugin = subprocess.run([sys.executable, "-c", prelude + blocks[0].replace("path/to/checkpoint", str(folder))],
+                                 capture_output=True, text=True, env=ENV, stdin=subprocess.DEVNULL, timeout=120)
+    assert with_plugin.returncode == 0, with_plugin.stderr[-3000:]
+    without = _without_package("\n" + prelude + blocks[1].replace("path/to/checkpoint", str(folder)))
+    assert without.returncode == 0, without.stderr[-3000:]
+
+
+def test_card_regenerates_its_own_card_and_keeps_a_hand_written_one(converted, capsys):
+    assert main(["card", str(converted)]) == 0  # only the title and path differ from the card convert wrote
+    (converted / "README.md").write_text("# my notes\n", encoding="utf-8")
+    _error(capsys, ["card", str(converted)], "hand-written", "--overwrite")
+    assert main(["card", str(converted), "--overwrite"]) == 0
+
+
+# -- records, bounds and small input errors ---------------------------------------------------------------------------
+
+
+def test_convert_is_deterministic_across_processes(roberta, tmp_path):
+    heads = []
+    for name, seed in (("a", "0"), ("b", "0"), ("c", "1")):
+        command = [sys.executable, "-m", "hf_clusterformer_cli", "convert", str(roberta), str(tmp_path / name), *SMALL,
+                   "--seed", seed]
+        subprocess.run(command, check=True, capture_output=True, env=ENV, timeout=180)
+        heads.append(load_file(tmp_path / name / "model.safetensors")["qa_outputs.weight"])
+    assert torch.equal(heads[0], heads[1]) and not torch.equal(heads[0], heads[2])
+
+
+def test_context_length_is_bounded(converted, roberta, work, capsys):
+    huge = "99999999999999999999"
+    _error(capsys, ["predict", str(converted), "--question", QUESTION, "--context-file", str(work / "context.txt"),
+                    "--max-context-length", huge], "--max-context-length", "at most")
+    _error(capsys, ["convert", str(roberta), str(work / "huge"), "--max-context-length", huge], "at most")
+
+
+def test_context_file_from_standard_input_and_a_folder(converted, work, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(CONTEXT.encode("utf-8"))))
+    capsys.readouterr()
+    assert main(["predict", str(converted), "--question", QUESTION, "--context-file", "-", "--allow-untrained",
+                 "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)["answers"][0]
+    assert answer["answer"] == CONTEXT[answer["start"]:answer["end"]]
+    _error(capsys, ["predict", str(converted), "--question", QUESTION, "--context-file", str(work)],
+           str(work), "is a folder")
+
+
+def test_card_of_a_missing_folder_and_a_checkpoint_without_tokenizer(work, converted, capsys):
+    _error(capsys, ["card", str(work / "nope")], "nope does not exist")
+    bare = work / "bare"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (bare / name).write_bytes((converted / name).read_bytes())
+    _error(capsys, ["predict", str(bare), "--question", QUESTION, "--context-file", str(work / "context.txt")],
+           f"no tokenizer files in {bare}")
+
+
+def test_pipeline_says_bytes(converted):
+    qa = hf_clusterformer.pipeline(model=str(converted), allow_untrained=True)
+    with pytest.raises(ValueError, match="context is bytes"):
+        qa(question=QUESTION, context=CONTEXT.encode("utf-8"))
+
+
+def test_evaluate_records_the_evaluated_model(work, capsys):
+    """all_results.json holds the settings of the model evaluated, not the command line's defaults."""
+    torch.manual_seed(0)
+    tokenizer = build_tokenizer(SENTENCES * 4 + [QUESTION], vocab_size=300)
+    config = tiny_config(vocab_size=len(tokenizer), hidden_size=48, num_attention_heads=3, window_size=32,
+                         window_stride=24, max_question_length=16, max_position_embeddings=64)
+    model = ClusterFormerForQuestionAnswering(config)
+    path = work / "to-evaluate"
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    out = work / "evaluated"
+    assert main(["evaluate", "--model_name_or_path", str(path), "--dataset", "local", "--eval_samples", "2",
+                 "--context_tokens_min", "50", "--context_tokens_max", "80", "--min_gap_tokens", "10",
+                 "--output_dir", str(out), "--report_to", "none", "--use_cpu"]) == 0
+    recorded = json.loads((out / "all_results.json").read_text(encoding="utf-8"))["model"]
+    assert recorded["hidden_size"] == 48 and recorded["num_attention_heads"] == 3
+    assert recorded["model_name_or_path"] == str(path) and recorded["layer_types"] == config.layer_types

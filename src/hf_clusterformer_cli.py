@@ -481,10 +481,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = [token for token in argv if token not in ("-v", "--verbose")]
     try:
         if argv and argv[0] in ("train", "evaluate"):
-            if "-h" in argv[1:] or "--help" in argv[1:]:
-                from hf_clusterformer.qa_training import parse_args
+            training_help = "--help-training" in argv[1:]
+            if training_help or "-h" in argv[1:] or "--help" in argv[1:]:
+                from hf_clusterformer.qa_training import print_help
 
-                parse_args(["--help"], prog=f"clusterformer {argv[0]}")
+                print_help(prog=f"clusterformer {argv[0]}", training=training_help)
+                raise SystemExit(0)
             with _quiet(verbose, datasets_bars=True):
                 return _cmd_train(argv[1:], evaluate_only=argv[0] == "evaluate")
         if argv and argv[0] == "card":

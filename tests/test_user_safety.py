@@ -328,3 +328,26 @@ def test_evaluate_records_the_evaluated_model(work, capsys):
     recorded = json.loads((out / "all_results.json").read_text(encoding="utf-8"))["model"]
     assert recorded["hidden_size"] == 48 and recorded["num_attention_heads"] == 3
     assert recorded["model_name_or_path"] == str(path) and recorded["layer_types"] == config.layer_types
+
+
+def test_commands_are_quiet_unless_verbose(roberta, work):
+    """No progress bars or loading reports by default; the unfitted-centroid warning once; -v shows the rest."""
+    command = [sys.executable, "-m", "hf_clusterformer_cli", "predict", str(roberta), "--question", QUESTION,
+               "--context-file", str(work / "context.txt"), "--allow-untrained"]
+    quiet = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=180)
+    assert quiet.returncode == 0, quiet.stderr[-2000:]
+    lines = quiet.stderr.strip().splitlines()
+    assert len(lines) == 1 and "never fitted" in lines[0], lines
+    verbose = subprocess.run([*command, "-v"], capture_output=True, text=True, env=ENV, timeout=180)
+    assert verbose.returncode == 0 and "Loading weights" in verbose.stderr
+
+
+def test_evaluate_help_shows_this_package_options_and_points_to_the_trainer_ones(capsys):
+    with pytest.raises(SystemExit):
+        main(["evaluate", "--help"])
+    short = capsys.readouterr().out
+    assert "--model_name_or_path" in short and "--centroid_update_steps" in short and "--help-training" in short
+    assert "--lr_scheduler_type" not in short and len(short.splitlines()) < 200
+    with pytest.raises(SystemExit):
+        main(["evaluate", "--help-training"])
+    assert "--lr_scheduler_type" in capsys.readouterr().out

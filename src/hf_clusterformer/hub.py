@@ -91,13 +91,10 @@ class ModelFolderExistsError(FileExistsError):
 
 
 def holds_model(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a folder with a model in it (config, weights or Trainer ``checkpoint-*`` folders)."""
+    """Whether ``path`` is a folder with a saved model in it (its config or weights; Trainer ``checkpoint-*`` folders
+    alone, such as those of the run whose model is being saved, do not count)."""
     path = Path(path)
-    if not path.is_dir():
-        return False
-    return any((path / name).exists() for name in _MODEL_FILES) or any(
-        child.is_dir() and child.name.startswith(_TRAINER_CHECKPOINT_PREFIX) for child in path.iterdir()
-    )
+    return path.is_dir() and any((path / name).exists() for name in _MODEL_FILES)
 
 
 def check_output_dir(path: str | os.PathLike, overwrite: bool = False, option: str = "overwrite=True") -> None:

@@ -164,6 +164,17 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None, usage_err
     return parser.parse_args_into_dataclasses(args=argv)
 
 
+def print_help(prog: str | None = None, training: bool = False) -> None:
+    """Help of ``clusterformer train`` / ``evaluate``: this package's options, and `TrainingArguments`' only with
+    ``training`` (``--help-training``)."""
+    classes = (ModelArguments, DataArguments, CentroidArguments, *((TrainingArguments,) if training else ()))
+    epilog = None if training else (
+        "Every option of transformers' TrainingArguments applies too (--output_dir, --max_steps, --learning_rate, "
+        "--per_device_train_batch_size, --seed, --do_train, --do_eval, ...): see --help-training."
+    )
+    HfArgumentParser(classes, prog=prog, epilog=epilog).print_help()
+
+
 # -- data ---------------------------------------------------------------------------------------------------------
 
 
@@ -521,6 +532,7 @@ __all__ = [
     "main",
     "parse_args",
     "predict_answers",
+    "print_help",
     "run",
 ]
 

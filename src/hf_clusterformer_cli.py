@@ -21,8 +21,8 @@ from pathlib import Path
 from hf_clusterformer_cli_support import CommandError, OneLineParser
 
 
-#: Most context tokens a model may be set to take (``--max-context-length``): 16M tokens, far beyond what fits in
-#: memory in one forward pass.
+#: Most context tokens a model may be set to take (``--max-context-length``): `hf_clusterformer.hub.MAX_CONTEXT_LENGTH`,
+#: repeated here so that usage errors need no torch.
 MAX_CONTEXT_LENGTH = 1 << 24
 
 

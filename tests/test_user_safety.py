@@ -282,6 +282,14 @@ def test_context_length_is_bounded(converted, roberta, work, capsys):
     _error(capsys, ["predict", str(converted), "--question", QUESTION, "--context-file", str(work / "context.txt"),
                     "--max-context-length", huge], "--max-context-length", "at most")
     _error(capsys, ["convert", str(roberta), str(work / "huge"), "--max-context-length", huge], "at most")
+    _error(capsys, ["evaluate", "--model_name_or_path", str(converted), "--max_context_length", huge,
+                    "--output_dir", str(work / "huge-eval")], "--max_context_length must be an integer from 1 to")
+    from hf_clusterformer.hub import MAX_CONTEXT_LENGTH, convert_checkpoint
+    from hf_clusterformer_cli import MAX_CONTEXT_LENGTH as COMMAND_LIMIT
+
+    assert COMMAND_LIMIT == MAX_CONTEXT_LENGTH
+    with pytest.raises(ValueError, match="max_context_length must be an integer"):
+        convert_checkpoint(roberta, work / "huge", max_context_length=int(huge))
 
 
 def test_context_file_from_standard_input_and_a_folder(converted, work, capsys, monkeypatch):

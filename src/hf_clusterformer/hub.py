@@ -40,7 +40,9 @@ __all__ = [
     "CODE_FILES",
     "PICKLE_SUFFIXES",
     "CONVERTIBLE_TYPES",
+    "MAX_CONTEXT_LENGTH",
     "ConvertedCheckpoint",
+    "check_context_length",
     "ModelFolderExistsError",
     "check_output_dir",
     "holds_model",
@@ -350,6 +352,19 @@ class ConvertedCheckpoint:
     source_type: str = "roberta"
 
 
+#: Most context tokens a converted or loaded model may be set to take: 16M tokens, far beyond what one forward pass
+#: fits in memory (``--max-context-length`` of the command line has the same bound).
+MAX_CONTEXT_LENGTH = 1 << 24
+
+
+def check_context_length(value: int | None, option: str = "max_context_length") -> None:
+    """Raise `ValueError` naming ``option`` when ``value`` is not an integer in [1, `MAX_CONTEXT_LENGTH`]."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CONTEXT_LENGTH:
+        raise ValueError(f"{option} must be an integer from 1 to {MAX_CONTEXT_LENGTH}, got {value!r}.")
+
+
 #: Source model types `convert_checkpoint` takes.
 CONVERTIBLE_TYPES = ("roberta", "bert", ClusterFormerConfig.model_type)
 #: BERT configuration fields that carry over unchanged.
@@ -452,6 +467,7 @@ def convert_checkpoint(
         the position table).
     """
     check_output_dir(dst, overwrite)
+    check_context_length(max_context_length)
     hub_kwargs = {"revision": revision, "token": token}
     source = AutoConfig.from_pretrained(src, **hub_kwargs)
     if source.model_type not in CONVERTIBLE_TYPES:
@@ -540,6 +556,7 @@ def load_qa_model(
     drawn with ``seed`` and recorded as untrained (`hf_clusterformer.pipeline.mark_untrained`), so the pipeline
     refuses them. ``options`` override config values (e.g. ``max_context_length``).
     """
+    check_context_length(options.get("max_context_length"))
     hub_kwargs = {"revision": revision, "token": token}
     source = AutoConfig.from_pretrained(path, **hub_kwargs)
     if source.model_type not in CONVERTIBLE_TYPES:

@@ -33,7 +33,7 @@ from .configuration_clusterformer import ClusterFormerConfig, required_position_
 from .data import build_longrange_tokenizer, build_tokenizer, load_longrange_dataset, load_multipassage_dataset
 from .data.longrange import squad_features
 from .features import misplaced_answers, postprocess_predictions, prepare_train_features, prepare_validation_features
-from .hub import check_output_dir, holds_model, load_qa_model, write_checkpoint, writing_model_dir
+from .hub import check_context_length, check_output_dir, holds_model, load_qa_model, write_checkpoint, writing_model_dir
 from .metrics import load_squad_metric
 from .modelcard import run_card_data
 from .modeling_clusterformer import ClusterFormerForQuestionAnswering, locate_question_prefix
@@ -78,6 +78,9 @@ class ModelArguments:
     allow_untrained: bool = field(
         default=False, metadata={"help": "Evaluate even a QA head that was never trained (smoke tests)."}
     )
+
+    def __post_init__(self):
+        check_context_length(self.max_context_length, "--max_context_length")
 
     def cluster_options(self) -> dict[str, Any]:
         """Config overrides given on the command line."""

@@ -9,7 +9,11 @@ from hypothesis import strategies as st
 from hf_clusterformer.modeling_clusterformer import (
     bidirectional_mask,
     build_window_layout,
+    count_routed_chunks,
     count_windows,
+    merge_overlaps_,
+    overlap_slots,
+    share_context_states,
     sort_into_chunks,
     tokens_to_windows,
     unsort_from_chunks,
@@ -90,6 +94,38 @@ def test_tokens_windows_round_trip_is_exact(batch, seed):
     back = windows_to_tokens(tokens_to_windows(tokens, layout), layout, layout.valid, length)
     for b, total in enumerate(totals):
         assert torch.equal(back[b, :total], tokens[b, :total])
+
+
+@settings(max_examples=80, deadline=None)
+@given(batches(), st.integers(0, 2**31 - 1), st.booleans())
+def test_overlap_merge_equals_the_merge_through_tokens(batch, seed, owner_only):
+    """The in-place merge of the overlapping copies gives `share_context_states` exactly, for l <= 2m."""
+    prefixes, totals, size, stride = batch
+    layout = layout_for(*batch)
+    length = max(totals) + 1
+    overlap = overlap_slots(layout, size, stride)
+    if size == stride or size > 2 * stride:
+        assert overlap is None
+        return
+    states = torch.randn(*layout.token_index.shape, 3, generator=torch.Generator().manual_seed(seed))
+    sources = layout.owner if owner_only else layout.is_context
+    expected = share_context_states(states, layout, sources, length)
+    merged = merge_overlaps_(states.clone(), overlap, owner_only)
+    assert torch.equal(merged, expected)
+    index, shared = overlap
+    # only the l - m overlapping copies per window pair are read and written
+    assert index.shape == (2, len(totals) * (layout.num_windows - 1) * (size - stride))
+    assert int(shared.sum()) == int(layout.is_context.sum() - layout.owner.sum())
+
+
+@settings(max_examples=60, deadline=None)
+@given(batches(), st.booleans())
+def test_routed_chunk_count_from_lengths_matches_the_layout(batch, question_prefix):
+    prefixes, totals, size, stride = batch
+    layout = layout_for(*batch)
+    routed = layout.owner if question_prefix else layout.valid & (~layout.is_context | layout.owner)
+    most = int(routed.view(len(totals), -1).sum(1).max())
+    assert count_routed_chunks(prefixes, totals, size, stride, question_prefix) == math.ceil(most / stride)
 
 
 @settings(max_examples=80, deadline=None)

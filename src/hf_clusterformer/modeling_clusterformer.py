@@ -62,6 +62,28 @@ def count_windows(context_length, window_size: int, window_stride: int):
     return 1 + max(0, math.ceil((context_length - window_size) / window_stride))
 
 
+def count_routed_chunks(
+    prefix_lengths: list[int], lengths: list[int], window_size: int, window_stride: int, question_prefix: bool = False
+) -> int:
+    """Chunks of m slots a routed layer runs per example, from the per-example lengths (host ints, no device sync).
+
+    A routed layer sorts each context token once (its owner copy) plus, unless the chunks get the question as a
+    prefix (``question_prefix``), the question-prefix copy of every window: ``c + p * count_windows(c, l, m)``
+    slots for an example with prefix p and context c = length - p. The example with the most needs
+    ``ceil(most / m)`` chunks.
+
+    Args:
+        prefix_lengths, lengths: per example, the question prefix and the real tokens (prefix + context).
+        window_size, window_stride: l and m.
+        question_prefix: ``config.chunk_question_prefix``.
+    """
+    most = max(
+        (total - prefix) + (0 if question_prefix else prefix * count_windows(total - prefix, window_size, window_stride))
+        for prefix, total in zip(prefix_lengths, lengths)
+    )
+    return math.ceil(most / window_stride)
+
+
 @dataclass
 class WindowLayout:
     """Where every window slot's token comes from.
@@ -84,10 +106,6 @@ class WindowLayout:
     @property
     def num_windows(self) -> int:
         return self.token_index.shape[1]
-
-    @property
-    def window_slots(self) -> int:
-        return self.token_index.shape[2]
 
 
 def locate_question_prefix(
@@ -208,6 +226,69 @@ def share_context_states(window_states: torch.Tensor, layout: WindowLayout, sour
     """
     merged = tokens_to_windows(windows_to_tokens(window_states, layout, sources, length), layout)
     return torch.where(layout.is_context.unsqueeze(-1), merged, window_states)
+
+
+def overlap_slots(layout: WindowLayout, window_size: int, window_stride: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The window slots whose tokens two neighbouring windows share, when every token lies in at most two windows.
+
+    With ``m < l <= 2m``, window k's context offsets ``m .. l-1`` (its tail) hold the same tokens as window k+1's
+    offsets ``0 .. l-m-1`` (its head), and no other token has two copies. The head copy is the owner (the token
+    lies at ``(k+1) m + i`` with ``i < m``); the tail copy is not.
+
+    Args:
+        layout: the `WindowLayout` (B, K, S).
+        window_size, window_stride: l and m.
+
+    Returns:
+        None when no token has two copies (``l == m``) or some have more than two (``l > 2m``); else
+        index: (2, B * N) long slots ``(b * K + k) * S + s`` of the flattened (B * K * S) window slots: row 0 the tail
+            copies of windows 0 .. K-2, row 1 the head copies of windows 1 .. K-1, pair by pair (N = (K - 1)(l - m));
+        shared: (B * N, 1) bool, both copies of the pair hold a context token (the next window exists and the
+            token is inside the context); other pairs are a single copy or padding and stay as they are.
+    """
+    width = window_size - window_stride
+    if width <= 0 or width > window_stride:
+        return None
+    batch, windows, slots = layout.token_index.shape
+    device = layout.token_index.device
+    prefix = (layout.valid[:, 0] & ~layout.is_context[:, 0]).sum(-1)  # (B,) context starts at this slot
+    example_start = torch.arange(batch, device=device) * (windows * slots)  # (B,)
+    window_start = torch.arange(windows - 1, device=device) * slots  # (K-1,)
+    offset = torch.arange(width, device=device) + window_stride  # (l-m,) tail offsets in the context slice
+    tail = (example_start + prefix).view(-1, 1, 1) + window_start.view(1, -1, 1) + offset.view(1, 1, -1)
+    tail = tail.reshape(-1)  # (B * N,)
+    head = tail + (slots - window_stride)
+    shared = layout.is_context.reshape(-1)[head].unsqueeze(-1)
+    return torch.stack([tail, head]), shared
+
+
+def merge_overlaps_(window_states: torch.Tensor, overlap: tuple[torch.Tensor, torch.Tensor], owner_only: bool) -> torch.Tensor:
+    """`share_context_states` for ``m < l <= 2m``, reading and writing only the overlapping copies (in place).
+
+    One gather of the 2N overlapping copies and one scatter back (`index_select` / `index_copy_` over the flattened
+    slots, whose backward needs no saved states, so the update can be in place): with ``owner_only`` (after a routed layer) the
+    tail copy takes its owner's (the head's) state; otherwise (sliding and sparse layers) both take their mean.
+    Single copies, question copies and padding are untouched, so the result equals `share_context_states` with
+    ``sources = layout.owner`` or ``layout.is_context``.
+
+    Args:
+        window_states: (B, K, S, d); updated in place when it is contiguous, so pass a tensor the caller owns.
+        overlap: ``(index (2, B * N), shared (B * N, 1))`` from `overlap_slots`.
+        owner_only: copy the owner's state instead of averaging.
+
+    Returns:
+        (B, K, S, d), ``window_states`` itself when the update was in place.
+    """
+    index, shared = overlap
+    flat = window_states.reshape(-1, window_states.shape[-1])  # (B * K * S, d)
+    copies = flat.index_select(0, index.view(-1))  # (2 * B * N, d): tails, then heads
+    tail, head = copies.chunk(2)
+    if owner_only:
+        flat.index_copy_(0, index[0], torch.where(shared, head, tail))
+    else:
+        mean = (tail + head) / 2
+        flat.index_copy_(0, index.view(-1), torch.where(shared.repeat(2, 1), torch.cat([mean, mean]), copies))
+    return flat.view_as(window_states)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -358,7 +439,8 @@ class ClusterRouter(Float32BuffersModule):
         self._shape = (config.num_clusters, config.hidden_size)
         self.register_buffer("centroids", self.initial_centroids())
         self.register_buffer("fitted", torch.zeros((), dtype=torch.bool))
-        self._warned = False
+        self._warned = False  # the never-fitted warning was given
+        self._seen_fitted = False  # an eval-mode forward found `fitted` set (reset when buffers are loaded)
 
     def initial_centroids(self) -> torch.Tensor:
         """Seeded random unit vectors in GetCentroids order (Algorithm 1, ``GetCentroids(RandomVector)``): (p, d).
@@ -371,17 +453,30 @@ class ClusterRouter(Float32BuffersModule):
 
     def forward(self, states: torch.Tensor, representative: torch.Tensor) -> torch.Tensor:
         """Cluster ids of the representative slots: (B, L, d), (B, L) bool -> (B, L) long, p for the rest."""
-        if not self.training and not self._warned and not bool(self.fitted):
-            logger.warning(
-                f"Cluster layer {self.layer_index} runs with centroids that were never fitted by K-Means; "
-                "train with hf_clusterformer.CentroidUpdateCallback (or CentroidUpdater) first."
-            )
-            self._warned = True
+        if not self.training and not (self._warned or self._seen_fitted) and not torch.compiler.is_compiling():
+            self.check_fitted()
         with torch.autocast(device_type=states.device.type, enabled=False):
             unit_states = F.normalize(states.float(), dim=-1)
             unit_centroids = F.normalize(self.centroids.float(), dim=-1)
             ids = (unit_states @ unit_centroids.T).argmax(dim=-1)
         return ids.masked_fill(~representative, self.num_clusters)
+
+
+    def check_fitted(self) -> None:
+        """Warn once that the centroids were never fitted. Eval-mode forwards call it (outside compiled code) until
+        it has warned or found them fitted, so reading ``fitted`` back from the device is not a per-forward cost."""
+        if bool(self.fitted):
+            self._seen_fitted = True
+        elif not self._warned:
+            logger.warning(
+                f"Cluster layer {self.layer_index} runs with centroids that were never fitted by K-Means; "
+                "train with hf_clusterformer.CentroidUpdateCallback (or CentroidUpdater) first."
+            )
+            self._warned = True
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        self._seen_fitted = False  # loaded buffers may be unfitted: check again
+        super()._load_from_state_dict(*args, **kwargs)
 
 
 class LSHRouter(Float32BuffersModule):
@@ -436,14 +531,16 @@ class LayerMasks:
         layout: the batch's `WindowLayout` (B, K, S).
         dtype: dtype of the attention scores.
         implementation: ``config._attn_implementation``.
-        chunk_size: m, chunk length of the routed (cluster/LSH) layers.
+        chunk_size: m, the window stride, which is also the chunk length of the routed (cluster/LSH) layers.
         question_prefix: routed chunks get the question prefix in front (``config.chunk_question_prefix``).
         window_size: l (the prefix is the first ``S - l`` slots of a window).
+        routed_chunks: chunks per example of the routed layers when the caller knows it (`count_routed_chunks`);
+            default: counted from the layout, which reads a number back from the device.
     """
 
     def __init__(
         self, layout: WindowLayout, dtype: torch.dtype, implementation: str | None, chunk_size: int,
-        question_prefix: bool = False, window_size: int = 0,
+        question_prefix: bool = False, window_size: int = 0, routed_chunks: int | None = None,
     ):
         self.window_size = window_size
         self.layout = layout
@@ -452,6 +549,8 @@ class LayerMasks:
         self.chunk_size = chunk_size
         self.question_prefix = question_prefix
         self._cache: dict[str, torch.Tensor | int] = {}
+        if routed_chunks is not None:
+            self._cache["routed_chunks"] = routed_chunks
 
     def _cached(self, name: str, build):
         if name not in self._cache:
@@ -485,6 +584,25 @@ class LayerMasks:
     def routed_chunks(self) -> int:
         """Chunks a routed layer runs per example: enough for the example with the most representative slots."""
         return self._cached("routed_chunks", lambda: math.ceil(int(self.representative.sum(dim=1).max()) / self.chunk_size))
+
+    @property
+    def overlap(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The shared copies of neighbouring windows (`overlap_slots`), or None when l == m or l > 2m."""
+        return self._cached("overlap", lambda: overlap_slots(self.layout, self.window_size, self.chunk_size))
+
+    def share(self, window_states: torch.Tensor, owner_only: bool, length: int) -> torch.Tensor:
+        """Every context copy takes the mean of its copies, or its owner's state with ``owner_only``: (B, K, S, d).
+
+        Touches only the overlapping copies (`merge_overlaps_`, in place on ``window_states``, which the caller
+        owns) when every token lies in at most two windows; else `share_context_states`.
+        """
+        if self.window_size <= self.chunk_size:  # l == m: every token has one copy
+            return window_states
+        overlap = self.overlap
+        if overlap is None:
+            sources = self.layout.owner if owner_only else self.layout.is_context
+            return share_context_states(window_states, self.layout, sources, length)
+        return merge_overlaps_(window_states, overlap, owner_only)
 
     def chunk(self, chunk_valid: torch.Tensor) -> torch.Tensor:
         """Mask of the routed layers over (B * C, m) chunks, or (B * C, P + m) with the question prefix in front;
@@ -535,6 +653,7 @@ class ClusterFormerEncoder(nn.Module):
             elif layer_type == "lsh":
                 routers[str(index)] = LSHRouter(config, index)
         self.routers = nn.ModuleDict(routers)
+        self._router_keys = [str(index) for index in range(len(self.layer_types))]  # no str() in traced forwards
 
     def sliding_layer(
         self, index: int, states: torch.Tensor, layout: WindowLayout, masks: LayerMasks, length: int
@@ -545,7 +664,7 @@ class ClusterFormerEncoder(nn.Module):
         """
         batch, windows, slots, hidden = states.shape
         out, weights = self.layer[index](states.view(-1, slots, hidden), masks.window)
-        return share_context_states(out.view_as(states), layout, layout.is_context, length), weights, None
+        return masks.share(out.view_as(states), False, length), weights, None
 
     def sparse_layer(
         self, index: int, states: torch.Tensor, layout: WindowLayout, masks: LayerMasks, length: int
@@ -557,8 +676,8 @@ class ClusterFormerEncoder(nn.Module):
         batch, windows, slots, hidden = states.shape
         across = states.transpose(1, 2).reshape(-1, windows, hidden)  # (B*S, K, d)
         out, weights = self.layer[index](across, masks.across)
-        out = out.view(batch, slots, windows, hidden).transpose(1, 2)
-        return share_context_states(out, layout, layout.is_context, length), weights, None
+        out = out.view(batch, slots, windows, hidden).transpose(1, 2).contiguous()
+        return masks.share(out, False, length), weights, None
 
     def routed_layer(
         self, index: int, states: torch.Tensor, layout: WindowLayout, masks: LayerMasks, length: int
@@ -573,14 +692,14 @@ class ClusterFormerEncoder(nn.Module):
         """
         batch, _, _, hidden = states.shape
         flat = states.reshape(batch, -1, hidden)
-        router = self.routers[str(index)]
+        router = self.routers[self._router_keys[index]]
         ids = router(flat, masks.representative)
         chunks, chunk_valid, order = sort_into_chunks(flat, ids, masks.chunk_size, router.num_clusters, masks.routed_chunks)
         if masks.question_prefix:
             return self.prefixed_routed_layer(index, states, layout, masks, length, chunks, chunk_valid, order, ids)
         out, weights = self.layer[index](chunks, masks.chunk(chunk_valid))
         flat_out = unsort_from_chunks(out, order, flat.shape[1], fill=flat).view_as(states)
-        states = share_context_states(flat_out, layout, layout.owner, length)
+        states = masks.share(flat_out, True, length)
         return states, weights, ids.masked_fill(~masks.representative, -1)
 
     def prefixed_routed_layer(
@@ -612,7 +731,7 @@ class ClusterFormerEncoder(nn.Module):
         question = F.pad(prefix_valid, (0, states.shape[2] - width)).unsqueeze(-1)  # (B, K, S, 1)
         padded_prefix = F.pad(prefix_out, (0, 0, 0, states.shape[2] - width)).unsqueeze(1)  # (B, 1, S, d)
         flat_out = torch.where(question, padded_prefix.to(flat_out.dtype), flat_out)
-        states = share_context_states(flat_out, layout, layout.owner, length)
+        states = masks.share(flat_out, True, length)
         return states, weights, ids.masked_fill(~masks.representative, -1)
 
     def forward(
@@ -623,6 +742,7 @@ class ClusterFormerEncoder(nn.Module):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
         output_cluster_assignments: bool = False,
+        routed_chunks: int | None = None,
     ) -> ClusterFormerEncoderOutput:
         """Run the layers over embedded windows.
 
@@ -631,12 +751,14 @@ class ClusterFormerEncoder(nn.Module):
             layout: their `WindowLayout`.
             length: T, the input length (for token-aligned hidden states).
             output_hidden_states / output_attentions / output_cluster_assignments: extra outputs.
+            routed_chunks: chunks per example of the routed layers (`count_routed_chunks`); default: counted from
+                the layout, which reads a number back from the device.
 
         Returns:
             `ClusterFormerEncoderOutput` with (B, K, S, d) ``last_hidden_state``.
         """
         masks = LayerMasks(layout, states.dtype, self.config._attn_implementation, self.config.window_stride,
-                           self.config.chunk_question_prefix, self.config.window_size)
+                           self.config.chunk_question_prefix, self.config.window_size, routed_chunks)
         all_hidden = (windows_to_tokens(states, layout, layout.valid, length),) if output_hidden_states else None
         all_attentions = () if output_attentions else None
         assignments = () if output_cluster_assignments else None
@@ -703,6 +825,7 @@ class ClusterFormerPreTrainedModel(RobertaPreTrainedModel):
         if isinstance(module, ClusterRouter):
             init.copy_(module.centroids, module.initial_centroids())
             init.copy_(module.fitted, torch.zeros((), dtype=torch.bool))
+            module._seen_fitted = False
         elif isinstance(module, LSHRouter):
             init.copy_(module.hash_vectors, module.initial_hash_vectors())
         else:
@@ -883,6 +1006,7 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
         prefixes, totals, prefix, lengths, starts = self._locate_inputs(input_ids, inputs_embeds, attention_mask, question_lengths)
         stride, size = config.window_stride, config.window_size
         num_windows = max(count_windows(t - p, size, stride) for p, t in zip(prefixes, totals))
+        routed_chunks = count_routed_chunks(prefixes, totals, size, stride, config.chunk_question_prefix)
         layout = build_window_layout(
             prefix, lengths, size, stride, num_windows, max(prefixes), padding_idx=config.pad_token_id, starts=starts
         )
@@ -914,6 +1038,7 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
             output_hidden_states=output_hidden_states,
             output_attentions=output_attentions,
             output_cluster_assignments=output_cluster_assignments,
+            routed_chunks=routed_chunks,
         )
         states = encoded.last_hidden_state
         sequence_output = windows_to_tokens(states, layout, layout.valid, length)
@@ -1044,8 +1169,11 @@ __all__ = [
     "WindowLayout",
     "bidirectional_mask",
     "build_window_layout",
+    "count_routed_chunks",
     "count_windows",
+    "merge_overlaps_",
     "order_centroids_greedy",
+    "overlap_slots",
     "share_context_states",
     "sort_into_chunks",
     "tokens_to_windows",

@@ -23,12 +23,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from hf_clusterformer.experiment import VARIANTS, Stage, compare, make_preset
+from hf_clusterformer.experiment import PRESETS, VARIANTS, Stage, compare, make_preset
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default="cpu", choices=["smoke", "demo", "cpu", "gpu"])
+    parser.add_argument("--preset", default="cpu", choices=PRESETS)
     parser.add_argument("--output_dir", default="bench/results/reproduce")
     parser.add_argument("--pretrained", default=None, help="folder of the MiniLM files (default: the user cache)")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -255,3 +256,45 @@ def test_mention_questions_point_at_the_name_in_its_place_fact():
         start = record["answers"]["answer_start"][0]
         assert record["question"] == f"Who is {name} with a home?"
         assert record["context"][start:].startswith(f"{name} lives in ")
+
+
+def test_balanced_twin_placement_favours_no_fact_slot():
+    """Every fact slot is in the pair 2 / num_facts of the time; the two mentions stay min_gap apart."""
+    import re
+
+    import numpy as np
+
+    from hf_clusterformer.data.longrange import WORD_PERSON_NAMES, WORD_PLACE_NAMES, approx_token_count
+
+    records = generate_longrange_dataset(2000, 0, (150, 180), "twin", min_gap_tokens=100, num_facts=20,
+                                         names="words", placement="balanced", target="later")
+    in_pair = []
+    for record in records:
+        facts = re.findall(r"(\w+) lives in (\w+)\.", record["context"])
+        assert len(facts) == 20 and all(p in WORD_PERSON_NAMES and c in WORD_PLACE_NAMES for p, c in facts)
+        answer = record["answers"]["text"][0]
+        in_pair.append([c == answer for _, c in facts])
+        first, later = record["answers"]["answer_start"]
+        assert later < first  # the later mention is the training target
+        assert approx_token_count(record["context"][later:first]) >= 100
+        assert record["context"][later:].startswith(answer) and record["context"][first:].startswith(answer)
+    rate = np.array(in_pair, dtype=float).mean(axis=0)
+    assert abs(rate.mean() - 0.1) < 1e-9 and rate.max() < 0.13  # 2 / 20 each, up to sampling noise
+
+
+def test_word_names_are_one_token_each():
+    from hf_clusterformer.data.longrange import WORD_PERSON_NAMES, WORD_PLACE_NAMES
+
+    assert len(set(WORD_PERSON_NAMES)) == len(WORD_PERSON_NAMES) >= 40
+    assert len(set(WORD_PLACE_NAMES)) == len(WORD_PLACE_NAMES) >= 40 and not set(WORD_PERSON_NAMES) & set(WORD_PLACE_NAMES)
+    vocab_file = Path.home() / ".cache" / "hf_clusterformer" / "all-MiniLM-L6-v2" / "vocab.txt"
+    if vocab_file.is_file():  # the pretrained vocabulary, when cached: every name is one WordPiece token
+        vocab = set(vocab_file.read_text().split())
+        assert [n for n in WORD_PERSON_NAMES + WORD_PLACE_NAMES if n.lower() not in vocab] == []
+
+
+def test_twin_options_are_checked():
+    with pytest.raises(ValueError, match="placement"):
+        generate_longrange_dataset(1, 0, (150, 180), "twin", min_gap_tokens=10, placement="middle")
+    with pytest.raises(ValueError, match="names"):
+        generate_longrange_dataset(1, 0, (150, 180), "twin", min_gap_tokens=10, names="greek")

@@ -25,6 +25,14 @@ def test_smoke_recipe_trains_every_variant_and_writes_its_report(tmp_path):
         assert all(0 <= score["exact_match"] <= 100 and score["n"] == preset.eval_samples for score in run["scores"].values())
         assert [entry["step"] for entry in run["log"] if entry["stage"] == "far"][-1] == preset.stages[-1].steps
     assert 0 <= runs["clusterformer"]["scores"]["twin"]["twin_shared_chunk"] <= 100
+    for run in runs.values():  # a learning curve: far twin EM every curve_every steps and at the end
+        steps = [point["global_step"] for point in run["curve"]]
+        assert steps == sorted(steps) and steps[-1] == sum(stage.steps for stage in preset.stages)
+        assert all(0 <= point["twin_em"] <= 100 for point in run["curve"])
+    assert all(p["twin_shared_chunk"] is not None for p in runs["clusterformer"]["curve"])
+    assert all(p["twin_shared_chunk"] is None for p in runs["sliding"]["curve"])
+    assert set(result["meta"]["positional_shortcuts"]) == {"first_fact", "last_fact", "best_fact_slot", "chance"}
+    assert "Learning curves" in (tmp_path / "results.md").read_text() and (tmp_path / "curves.png").stat().st_size > 0
     assert result["meta"]["device"] == "cpu" and result["meta"]["skipped"] == []
     table = (tmp_path / "results.md").read_text()
     assert "| clusterformer | 1 |" in table and "one-hop far (twin) EM" in table
@@ -35,7 +43,7 @@ def test_smoke_recipe_trains_every_variant_and_writes_its_report(tmp_path):
 
 def test_far_twin_mentions_lie_beyond_the_sliding_stacks_reach():
     """Every recipe's far questions keep their two mentions further apart than its windows can relay."""
-    for name in ("demo", "cpu", "gpu"):
+    for name in ("demo", "study", "cpu", "gpu"):
         preset = make_preset(name)
         sliding_layers = preset.num_layers or 6  # MiniLM has 6 layers
         for kind, options in [*preset.stages[-1].data.items(), *preset.eval.items()]:
@@ -91,3 +99,34 @@ def test_runs_are_deterministic(tmp_path, monkeypatch):
         for entry in run["log"]:
             entry.pop("seconds")
     assert runs[0] == runs[1]
+
+
+def test_positional_shortcuts_count_fact_slots():
+    from hf_clusterformer.experiment import positional_shortcuts
+
+    records = [{"context": "A lives in X. B lives in Y. C lives in X. D lives in Z.", "answers": {"text": ["X"]}},
+               {"context": "A lives in Y. B lives in Z. C lives in W. D lives in Z.", "answers": {"text": ["Z"]}}]
+    assert positional_shortcuts(records) == {"first_fact": 50.0, "last_fact": 50.0, "best_fact_slot": 50.0,
+                                             "chance": 33.3}
+
+
+def test_learning_rate_schedules_and_cluster_layer_groups():
+    from hf_clusterformer.experiment import learning_rate_factor, parameter_groups
+
+    constant, linear = learning_rate_factor("constant", 10, 100), learning_rate_factor("linear", 10, 100)
+    assert [round(constant(s), 2) for s in (0, 9, 50, 99)] == [0.1, 1.0, 1.0, 1.0]
+    assert [round(linear(s), 2) for s in (0, 9, 55, 99)] == [0.1, 1.0, 0.5, 0.01]
+    with pytest.raises(ValueError, match="schedule"):
+        learning_rate_factor("cosine", 10, 100)
+    from helpers import tiny_config
+
+    from hf_clusterformer import ClusterFormerForQuestionAnswering
+
+    model = ClusterFormerForQuestionAnswering(tiny_config(cluster_layers=[1]))
+    preset = make_preset("smoke")
+    preset.cluster_lr_scale = 5.0
+    rest, fast = parameter_groups(model, preset, 1e-4)
+    assert fast["lr"] == 5e-4 and rest["lr"] == 1e-4
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert all(".layer.1." in names[id(p)] for p in fast["params"])
+    assert len(fast["params"]) + len(rest["params"]) == len(list(model.parameters()))

@@ -85,7 +85,7 @@ def test_save_and_load_give_identical_logits(kind, tokenizer, examples, tmp_path
 
     # A different seed would draw other initial centroids / hash vectors: the loaded ones must be the saved ones.
     loaded = ClusterFormerForQuestionAnswering.from_pretrained(tmp_path, centroid_seed=123).eval()
-    assert loaded.config.encoder_layer_kinds == ["sliding", "sliding", kind]
+    assert loaded.config.layer_types == ["sliding", "sliding", kind]
     for name, buffer in _router_buffers(model).items():
         assert torch.equal(dict(loaded.named_buffers())[name], buffer), name
     inputs = _encode(tokenizer, examples[0])
@@ -164,7 +164,7 @@ def test_pipeline_answers(kind, tokenizer, examples, tmp_path):
         for answer in answers:
             assert answer["answer"] == example["context"][answer["start"] : answer["end"]]
             assert 0.0 <= answer["score"] <= 1.0
-    assert qa.model.config.encoder_layer_kinds[2] == kind
+    assert qa.model.config.layer_types[2] == kind
 
 
 # -- LSH buckets ------------------------------------------------------------------------------------------------------

@@ -133,7 +133,6 @@ def test_layer_types_and_their_shortcuts_stay_in_sync(tmp_path):
     assert config.layer_types == ["sliding", "lsh", "sliding", "cluster"]  # sorted layers, types in given order
     config = ClusterFormerConfig(num_hidden_layers=4, layer_types=["sliding", "sparse", "sliding", "sparse"])
     assert (config.cluster_layers, config.global_layer_type, config.global_layers) == ([1, 3], "sparse", [1, 3])
-    assert config.encoder_layer_kinds == config.layer_types
     config.cluster_layers = [2]
     assert config.layer_types == ["sliding", "sliding", "sparse", "sliding"]
     config.layer_types = ["sliding", "cluster", "lsh", "sparse"]

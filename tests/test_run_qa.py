@@ -117,7 +117,7 @@ def test_script_checkpoint_reloads_with_fitted_centroids(script_run):
     assert type(model).__name__ == "ClusterFormerForQuestionAnswering"
     config = model.config
     assert (config.hidden_size, config.num_hidden_layers, config.window_size, config.window_stride) == (32, 3, 32, 24)
-    assert config.encoder_layer_kinds == ["sliding", "sliding", "cluster"]
+    assert config.layer_types == ["sliding", "sliding", "cluster"]
     router = model.cluster_routers()[2]
     assert bool(router.fitted), "CentroidUpdateCallback did not fit the centroids during training"
     assert torch.allclose(router.centroids.norm(dim=-1), torch.ones(8), atol=1e-5)

@@ -195,21 +195,11 @@ class ClusterFormerConfig(RobertaConfig):
         return [i for i, layer_type in enumerate(self.layer_types) if layer_type != SLIDING_LAYER_TYPE]
 
     @property
-    def encoder_layer_kinds(self) -> list[str]:
-        """Deprecated alias of ``layer_types``."""
-        return self.layer_types
-
-    @property
     def separator_token_id(self) -> int:
         """The token that ends the question: ``sep_token_id``, else ``eos_token_id`` (RoBERTa's ``</s>``)."""
         sep = getattr(self, "sep_token_id", None)
         sep = self.eos_token_id if sep is None else sep
         return sep[0] if isinstance(sep, (list, tuple)) else sep
-
-    @property
-    def question_prefix_limit(self) -> int:
-        """Longest question prefix ``<s> Q </s></s>`` in tokens."""
-        return self.max_question_length + QUESTION_PREFIX_SPECIAL_TOKENS
 
     @property
     def max_input_length(self) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import platform
 import tempfile
 import time
@@ -38,7 +39,11 @@ __all__ = ["Preset", "Stage", "VARIANTS", "compare", "make_preset", "write_repor
 PRETRAINED_ORIGIN = "sentence-transformers/all-MiniLM-L6-v2"
 
 #: Variants `compare` trains: the layer type put in place of the preset's cluster layers ("sliding": none).
-VARIANTS = ("clusterformer", "sliding", "lsh", "sparse")
+VARIANTS = ("clusterformer", "clusterformer-prefix", "sliding", "lsh", "sparse")
+#: The named recipes of `make_preset`.
+PRESETS = ("smoke", "demo", "study", "cpu", "gpu")
+#: Variants run first on every seed (the comparison itself); the others on ``extra_variant_seeds`` seeds.
+MAIN_VARIANTS = ("clusterformer", "clusterformer-prefix", "sliding")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -79,10 +84,20 @@ class Preset:
     num_facts: int = 16
     num_layers: int | None = None  # keep the first N pretrained layers (None: all)
     frozen_layers: int = 0  # embeddings and the first N layers are not trained
+    schedule: str = "linear"  # "linear": warm-up then linear decay to 0 per stage; "constant": warm-up then constant
+    warmup_steps: int | None = None  # per stage (None: 5% of its steps)
+    cluster_lr_scale: float = 1.0  # learning-rate factor for the parameters of the global (cluster) layers
+    curve_every: int = 0  # evaluate ``curve_samples`` held-out far twin questions every N steps (0: never)
+    curve_samples: int = 100
 
 
 def _twin(lo, hi, min_gap=0, max_gap=None, **extra):
     return {"context_tokens": (lo, hi), "min_gap_tokens": min_gap, "max_gap_tokens": max_gap, **extra}
+
+
+def _balanced(lo, hi, min_gap=0, max_gap=None, **extra):
+    """Twin questions without a positional shortcut: facts spread evenly, one-token names, the later mention trained."""
+    return _twin(lo, hi, min_gap, max_gap, names="words", placement="balanced", target="later", **extra)
 
 
 def _chains(lo, hi, min_gap, **extra):
@@ -90,7 +105,8 @@ def _chains(lo, hi, min_gap, **extra):
 
 
 def make_preset(name: str) -> Preset:
-    """The recipes. Far gaps exceed (layers x stride): 6 x 28 = 168 (cpu), 6 x 56 = 336 (gpu)."""
+    """The recipes. Far gaps exceed what the sliding stack relays (layers x window size): 6 x 32 = 192 (demo, cpu),
+    6 x 16 = 96 (study), 6 x 64 = 384 (gpu)."""
     if name == "smoke":
         return Preset(
             pretrained="tiny", window_size=16, window_stride=12, cluster_layers=[1], num_clusters=8,
@@ -100,7 +116,7 @@ def make_preset(name: str) -> Preset:
             ],
             eval={"twin": _twin(70, 90, 30, num_facts=4), "longrange": _chains(70, 90, 30), "local": _chains(70, 90, 30)},
             eval_samples=6, train_samples=16, seeds=[0], variants=["clusterformer", "sliding", "lsh", "sparse"],
-            centroid_update_steps=2, memory_size=2000, time_budget=120, num_facts=4,
+            centroid_update_steps=2, memory_size=2000, time_budget=120, num_facts=4, curve_every=3, curve_samples=4,
         )
     if name == "demo":
         far = {"twin": _twin(260, 320, 200), "local": _chains(260, 320, 200)}
@@ -112,6 +128,19 @@ def make_preset(name: str) -> Preset:
             ],
             eval=far, eval_samples=100, train_samples=2000, seeds=[0], variants=["clusterformer", "sliding"],
             centroid_update_steps=50, memory_size=20_000, time_budget=600,
+        )
+    if name == "study":  # the long-range study's CPU baseline: no positional shortcut, one-token names, curves
+        far = {"twin": _balanced(150, 180, 100), "local": _chains(150, 180, 100)}
+        return Preset(
+            pretrained="minilm", window_size=16, window_stride=14, cluster_layers=[3], num_clusters=32,
+            stages=[
+                Stage("near", {"twin": _balanced(60, 80, 0, num_facts=12)}, 200, 4, 1e-4),
+                Stage("far", far, 300, 4, 5e-5),
+            ],
+            eval=far, eval_samples=100, train_samples=3000, seeds=[0, 1],
+            variants=["clusterformer", "clusterformer-prefix", "sliding"], frozen_layers=3,
+            centroid_update_steps=50, memory_size=20_000, time_budget=3600, num_facts=20,
+            schedule="constant", warmup_steps=30, curve_every=50, curve_samples=100,
         )
     if name == "cpu":
         far = {"twin": _twin(350, 450, 200), "longrange": _chains(350, 450, 200), "local": _chains(350, 450, 200)}
@@ -136,7 +165,7 @@ def make_preset(name: str) -> Preset:
             variants=["clusterformer", "sliding", "lsh", "sparse"],
             centroid_update_steps=100, memory_size=50_000, time_budget=460,
         )
-    raise ValueError(f"unknown preset {name!r}; choose smoke, cpu or gpu.")
+    raise ValueError(f"unknown preset {name!r}; choose {', '.join(PRESETS)}.")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -208,13 +237,16 @@ def resolve_pretrained(preset: Preset, pretrained: str | os.PathLike | None, wor
 
 
 #: The layer type each variant puts at the recipe's cluster layers (None: none, a sliding-window model).
-_VARIANT_LAYER_TYPE = {"clusterformer": "cluster", "sliding": None, "lsh": "lsh", "sparse": "sparse"}
+_VARIANT_LAYER_TYPE = {"clusterformer": "cluster", "clusterformer-prefix": "cluster", "sliding": None, "lsh": "lsh",
+                       "sparse": "sparse"}
+#: Model options of a variant beyond its layer type (``clusterformer-prefix``: question prefix in every chunk).
+_VARIANT_OPTIONS = {"clusterformer-prefix": {"chunk_question_prefix": True}}
 
 
 def build_model(source: Path, work: Path, preset: Preset, variant: str) -> Path:
-    """The variant's converted checkpoint folder (converted once per variant and ``work`` folder)."""
+    """The variant's converted checkpoint folder (converted once per layer type and ``work`` folder)."""
     layer_type = _VARIANT_LAYER_TYPE[variant]
-    path = work / f"init-{variant}"
+    path = work / f"init-{layer_type or 'sliding'}"
     if not (path / "config.json").is_file():
         convert_checkpoint(
             source, path, cluster_layers=preset.cluster_layers if layer_type else [],
@@ -292,6 +324,42 @@ def evaluate(model, tokenizer, records: list[dict], preset: Preset, device, dtyp
     return result
 
 
+def positional_shortcuts(records: list[dict]) -> dict[str, float]:
+    """EM of answering ``twin`` questions by fact position alone, on ``records``: always the first fact's place, the
+    last fact's, and the best single fact slot (looked up on these very records, so an upper bound), beside chance
+    (``1 / distinct places``)."""
+    hits = []
+    for record in records:
+        places = re.findall(r"\w+ lives in (\w+)\.", record["context"])
+        hits.append([place == record["answers"]["text"][0] for place in places])
+    width = min(len(h) for h in hits)
+    rate = 100.0 * np.array([h[:width] for h in hits], dtype=float).mean(axis=0)
+    return {"first_fact": round(float(rate[0]), 1), "last_fact": round(float(rate[-1]), 1),
+            "best_fact_slot": round(float(rate.max()), 1), "chance": round(100.0 / (width - 1), 1)}
+
+
+def learning_rate_factor(schedule: str, warmup: int, steps: int):
+    """Step -> learning-rate factor: linear warm-up over ``warmup`` steps, then constant or linear decay to 0."""
+    if schedule == "constant":
+        return lambda step: min(1.0, (step + 1) / warmup)
+    if schedule != "linear":
+        raise ValueError(f"schedule must be 'linear' or 'constant', got {schedule!r}")
+    return lambda step: min((step + 1) / warmup, max(0.0, (steps - step) / max(1, steps - warmup)))
+
+
+def parameter_groups(model, preset: Preset, learning_rate: float) -> list[dict]:
+    """AdamW groups: the global layers' parameters at ``cluster_lr_scale`` times the rate, the rest at the rate."""
+    global_layers = {f"encoder.layer.{i}." for i in model.config.cluster_layers}
+    fast, rest = [], []
+    for name, parameter in model.named_parameters():
+        if parameter.requires_grad:
+            (fast if any(prefix in name for prefix in global_layers) else rest).append(parameter)
+    groups = [{"params": rest, "lr": learning_rate}]
+    if fast:
+        groups.append({"params": fast, "lr": learning_rate * preset.cluster_lr_scale})
+    return groups
+
+
 _TRAIN_DATA: dict[tuple, list[dict]] = {}
 
 
@@ -327,7 +395,7 @@ def _run_one(variant, seed, preset, source, work, device, dtype, threads, save_d
     tokenizer = AutoTokenizer.from_pretrained(init)
     torch.manual_seed(seed)
     np.random.seed(seed)
-    model = ClusterFormerForQuestionAnswering.from_pretrained(init).to(device)
+    model = ClusterFormerForQuestionAnswering.from_pretrained(init, **_VARIANT_OPTIONS.get(variant, {})).to(device)
     if preset.frozen_layers:
         frozen = [model.roberta.embeddings, *model.roberta.encoder.layer[: preset.frozen_layers]]
         for module in frozen:
@@ -335,11 +403,23 @@ def _run_one(variant, seed, preset, source, work, device, dtype, threads, save_d
     has_router = any(t == "cluster" for t in model.config.layer_types)
     updater = None
     if has_router:
-        updater = CentroidUpdater(model, memory_size=preset.memory_size, update_every=preset.centroid_update_steps,
+        updater = CentroidUpdater(model, memory_size=preset.memory_size, update_every_steps=preset.centroid_update_steps,
                                   backend="torch", seed=seed, max_capture_per_forward=2048)
     started = time.time()
-    log = []
+    log, curve = [], []
     generator = torch.Generator().manual_seed(seed)
+    curve_records = []
+    if preset.curve_every and "twin" in preset.eval:
+        curve_records = generate("twin", preset.eval["twin"], preset.curve_samples, "curve", 1000, preset.num_facts)
+    global_step = 0
+
+    def record_curve(stage_name: str, step: int, losses: list[float]) -> None:
+        point = evaluate(model, tokenizer, curve_records, preset, device, dtype, 16, "twin")
+        curve.append({"stage": stage_name, "step": step, "global_step": global_step,
+                      "loss": round(float(np.mean(losses[-preset.curve_every:])), 4) if losses else None,
+                      "twin_em": point["exact_match"], "twin_shared_chunk": point.get("twin_shared_chunk")})
+        print(f"[{variant}/seed {seed}] curve {json.dumps(curve[-1])}", flush=True)
+        model.train()
     for stage in preset.stages:
         key = (stage.name, seed, str(init.parent))
         if key not in _TRAIN_DATA:  # runs of one seed share their data (and its tokenization)
@@ -352,11 +432,11 @@ def _run_one(variant, seed, preset, source, work, device, dtype, threads, save_d
             _TRAIN_DATA[key] = encode_train(records, tokenizer)
         data = _TRAIN_DATA[key]
         trained = [p for p in model.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(trained, lr=stage.learning_rate, weight_decay=0.01)
+        optimizer = torch.optim.AdamW(parameter_groups(model, preset, stage.learning_rate), weight_decay=0.01)
         plan = {"steps": _STEP_PLAN.get(stage.name, stage.steps)}
-        warmup = max(1, plan["steps"] // 20)
+        warmup = max(1, preset.warmup_steps or plan["steps"] // 20)
         schedule = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: min((step + 1) / warmup, max(0.0, (plan["steps"] - step) / max(1, plan["steps"] - warmup))))
+            optimizer, lambda step: learning_rate_factor(preset.schedule, warmup, plan["steps"])(step))
         share = train_seconds * stage.steps / sum(st.steps for st in preset.stages) if train_seconds else None
         model.train()
         order = torch.randperm(len(data), generator=generator).tolist()
@@ -391,14 +471,19 @@ def _run_one(variant, seed, preset, source, work, device, dtype, threads, save_d
                 updater.step()
             losses.append(loss.item())
             step += 1
+            global_step += 1
+            if curve_records and step % preset.curve_every == 0:
+                record_curve(stage.name, step, losses)
             if step % 25 == 0 or step == plan["steps"]:
                 log.append({"stage": stage.name, "step": step, "loss": round(float(np.mean(losses[-25:])), 4),
                             "seconds": round(time.time() - started, 1)})
                 print(f"[{variant}/seed {seed}] {json.dumps(log[-1])}", flush=True)
+    if curve_records and (not curve or curve[-1]["global_step"] != global_step):
+        record_curve(preset.stages[-1].name, step, losses)
     train_seconds = time.time() - started
     scores = {}
     for kind, options in preset.eval.items():
-        records = generate(kind, options, preset.eval_samples, "validation", 1000 + 0, preset.num_facts)
+        records = generate(kind, options, preset.eval_samples, "validation", 1000, preset.num_facts)
         scores[kind] = evaluate(model, tokenizer, records, preset, device, dtype, 16, kind)
     if updater is not None:
         updater.close()
@@ -411,7 +496,7 @@ def _run_one(variant, seed, preset, source, work, device, dtype, threads, save_d
                 "centroids_fitted": fitted}
         save_for_hub(model.cpu().eval(), tokenizer, save_dir / variant, card_data={k: v for k, v in card.items() if v is not None})
     return {"variant": variant, "seed": seed, "scores": scores, "train_seconds": round(train_seconds, 1),
-            "eval_seconds": round(time.time() - started - train_seconds, 1), "log": log,
+            "eval_seconds": round(time.time() - started - train_seconds, 1), "log": log, "curve": curve,
             "steps": {s.name: _STEP_PLAN.get(s.name, s.steps) for s in preset.stages}}
 
 
@@ -450,6 +535,17 @@ def write_report(output: Path, runs: list[dict], meta: dict, kinds: list[str]) -
         lines.append(f"| {variant} | {len(entry[kinds[0]]['seeds'])} | " + " | ".join(cells) + " | "
                      + (f"{np.mean(shared):.0f}%" if shared else "–") + " |")
     markdown = "\n".join(lines) + "\n"
+    shortcuts = meta.get("positional_shortcuts")
+    if shortcuts:
+        markdown += (f"\nPositional shortcuts on the same twin questions: first fact {shortcuts['first_fact']:.1f}, "
+                     f"last fact {shortcuts['last_fact']:.1f}, best single fact slot {shortcuts['best_fact_slot']:.1f} "
+                     f"(chance {shortcuts['chance']:.1f}).\n")
+    curves = [run for run in runs if run.get("curve")]
+    if curves:
+        markdown += "\nLearning curves (one-hop far EM on held-out questions; global step: EM):\n\n"
+        for run in curves:
+            points = ", ".join(f"{p['global_step']}: {p['twin_em']:.0f}" for p in run["curve"])
+            markdown += f"- {run['variant']} / seed {run['seed']}: {points}\n"
     header = (f"Preset `{meta['preset']}` on {meta['device_name']} ({meta['dtype']}), {meta['wall_seconds']:.0f} s; "
               f"steps {meta['steps']}; EM in %, mean over seeds (per seed in brackets).\n\n")
     (output / "results.md").write_text(header + markdown)
@@ -474,10 +570,34 @@ def write_report(output: Path, runs: list[dict], meta: dict, kinds: list[str]) -
         axis.set_title(f"{meta['preset']} preset, {meta['device_name']}")
         figure.savefig(output / "results.png", dpi=110, bbox_inches="tight")
         plt.close(figure)
+        if curves:
+            plot_curves(plt, output / "curves.png", curves, meta)
     except ImportError:
         pass
     return header + markdown
 
+
+
+def plot_curves(plt, path: Path, runs: list[dict], meta: dict) -> None:
+    """One-hop far EM (and the twin co-location, dotted) against the global step, a line per (variant, seed)."""
+    figure, axis = plt.subplots(figsize=(7, 4))
+    colours = {}
+    for run in runs:
+        colour = colours.setdefault(run["variant"], f"C{len(colours)}")
+        steps = [p["global_step"] for p in run["curve"]]
+        axis.plot(steps, [p["twin_em"] for p in run["curve"]], color=colour, marker=".",
+                  label=f"{run['variant']} seed {run['seed']}", linestyle=("-", "--", "-.", ":")[run["seed"] % 4])
+    shortcuts = meta.get("positional_shortcuts") or {}
+    if shortcuts:
+        axis.axhline(shortcuts["best_fact_slot"], color="grey", linewidth=0.8, linestyle=":")
+        axis.axhline(shortcuts["chance"], color="black", linewidth=0.8, linestyle=":")
+    axis.set_xlabel("training step (all stages)")
+    axis.set_ylabel("one-hop far EM (%)")
+    axis.set_ylim(0, 100)
+    axis.legend(fontsize=7)
+    axis.set_title(f"{meta['preset']}: learning curves (dotted: best positional shortcut, chance)", fontsize=9)
+    figure.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(figure)
 
 
 def compare(
@@ -519,10 +639,10 @@ def compare(
         build_model(source, work, preset, variant)
     # the main pair on two seeds, then the other layer types, then the main pair's other seeds: a time budget that
     # cuts the queue short keeps a comparison of every variant
-    main = [(v, s) for s in preset.seeds for v in preset.variants if v in ("clusterformer", "sliding")]
+    main = [(v, s) for s in preset.seeds for v in preset.variants if v in MAIN_VARIANTS]
     others = [(v, s) for s in preset.seeds[: preset.extra_variant_seeds] for v in preset.variants
-              if v not in ("clusterformer", "sliding")]
-    split = 2 * sum(v in ("clusterformer", "sliding") for v in preset.variants)
+              if v not in MAIN_VARIANTS]
+    split = 2 * sum(v in MAIN_VARIANTS for v in preset.variants)
     queue = main[:split] + others + main[split:]
     save_dir = output if save_models else None
     runs: list[dict] = []
@@ -570,6 +690,9 @@ def compare(
         "wall_seconds": round(time.time() - started, 1), "skipped": skipped,
         "steps": {s.name: _STEP_PLAN.get(s.name, s.steps) for s in preset.stages}, "preset_settings": asdict(preset),
     }
+    if "twin" in preset.eval:
+        meta["positional_shortcuts"] = positional_shortcuts(
+            generate("twin", preset.eval["twin"], preset.eval_samples, "validation", 1000, preset.num_facts))
     report = write_report(output, runs, meta, list(preset.eval))
     print(report + (f"skipped (time budget): {', '.join(skipped)}\n" if skipped else ""), flush=True)
     return json.loads((output / "results.json").read_text())

@@ -279,7 +279,7 @@ def make_model_card(
         eval_results=eval_results or None,
         widget=examples,
     )
-    kinds = config.encoder_layer_kinds
+    kinds = config.layer_types
     global_layers = [i for i, kind in enumerate(kinds) if kind != "sliding"]
     settings = [
         ("Encoder layers", f"{config.num_hidden_layers} (hidden size {config.hidden_size}, "

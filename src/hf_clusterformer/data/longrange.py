@@ -50,6 +50,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "KINDS",
+    "WORD_PERSON_NAMES",
+    "WORD_PLACE_NAMES",
     "PERSON_NAMES",
     "PLACE_NAMES",
     "approx_token_count",
@@ -79,6 +81,24 @@ PERSON_NAMES: tuple[str, ...] = _name_pool(_PERSON_ENDINGS, 400, 1)
 """Fixed pool of person names (two syllables, five letters)."""
 PLACE_NAMES: tuple[str, ...] = _name_pool(_PLACE_ENDINGS, 200, 2)
 """Fixed pool of place names."""
+
+WORD_PERSON_NAMES: tuple[str, ...] = tuple(
+    "Adam Ahmed Alan Ali Alice Anna Arthur Ben Boris Brian Carl Charles Clara Craig Dale Dan Daniel David Edward "
+    "Emma Eric Ethan Fred George Glen Greg Hans Harry Hassan Helen Henry Igor Ivan Jack James Jane Jason Jim Joe "
+    "John Kate Kevin Kyle Laura Lee Leo Lucy Luke Martin Mary Michael Neil Noah Oliver Omar Owen Paul Peter Richard "
+    "Robert Ross Ryan Sam Sarah Scott Sean Simon Susan Thomas Tim Tom Walter William Yuki".split()
+)
+"""Common first names, each one token of BERT's uncased WordPiece vocabulary (``names="words"``)."""
+WORD_PLACE_NAMES: tuple[str, ...] = tuple(
+    "Amsterdam Athens Atlanta Auckland Austin Baghdad Bangkok Beijing Belfast Berlin Bogota Bordeaux Boston Bristol "
+    "Brussels Budapest Cairo Cambridge Caracas Cardiff Chicago Copenhagen Dallas Delhi Denver Detroit Dublin "
+    "Edinburgh Florence Geneva Glasgow Hamburg Havana Helsinki Houston Kabul Lagos Leeds Lima Lisbon Liverpool London "
+    "Lyon Madrid Manchester Manila Marseille Melbourne Memphis Miami Milan Montreal Moscow Mumbai Munich Nairobi "
+    "Naples Nashville Oslo Oxford Paris Perth Phoenix Portland Prague Rome Santiago Seattle Seoul Shanghai Stockholm "
+    "Sydney Tehran Tokyo Toronto Tunis Turin Venice Vienna Warsaw Zurich".split()
+)
+"""Well-known cities, each one token of BERT's uncased WordPiece vocabulary (``names="words"``)."""
+_NAME_POOLS = {"invented": (PERSON_NAMES, PLACE_NAMES), "words": (WORD_PERSON_NAMES, WORD_PLACE_NAMES)}
 
 _LINK = "{} lives with {}."
 _PLACE = "{} lives in {}."
@@ -207,14 +227,55 @@ def _generate_one(
     return question, " ".join(sentences), answer, answer_start
 
 
+def _balanced_twin_layout(
+    rng: np.random.Generator, context_tokens: tuple[int, int], min_gap: int, max_gap: int | None, num_facts: int
+) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """Facts spread evenly (one per 1/num_facts of the context, at a random place in it); the pair is fact ``k`` and
+    fact ``k + num_facts / 2`` for a uniform ``k``, so every fact slot is in the pair with probability
+    ``2 / num_facts`` and no fact position is favoured. Returns (kinds, starts, first, second) as `_generate_twin`."""
+    half = num_facts // 2
+    for _ in range(1000):
+        target = int(rng.integers(context_tokens[0], context_tokens[1] + 1))
+        segment = target / num_facts
+        kinds: list[int] = []
+        for _segment in range(num_facts):
+            fillers, total = [], _FACT_LEN
+            while total < segment:
+                fillers.append(int(rng.integers(len(_FILLERS))))
+                total += int(_FILLER_LEN[fillers[-1]])
+            fillers.insert(int(rng.integers(len(fillers) + 1)), -1)
+            kinds += fillers
+        kinds_array = np.array(kinds)
+        lengths = np.where(kinds_array < 0, _FACT_LEN, _FILLER_LEN[np.maximum(kinds_array, 0)])
+        starts = np.cumsum(lengths) - lengths
+        facts = np.flatnonzero(kinds_array < 0)
+        first = int(rng.integers(num_facts - half))
+        second = first + half
+        gap = int(starts[facts[second]] - starts[facts[first]] - _FACT_LEN)
+        if gap >= min_gap and (max_gap is None or gap <= max_gap):
+            return kinds_array, starts, first, second
+    raise ValueError(
+        f"no evenly spread context of {context_tokens} approximate tokens put facts {half} apart {min_gap}-{max_gap} "
+        "tokens apart; make the context about twice the gap"
+    )
+
+
 def _generate_twin(
     rng: np.random.Generator,
     context_tokens: tuple[int, int],
     min_gap: int,
     max_gap: int | None,
     num_facts: int,
+    names: str = "invented",
+    placement: str = "gap",
+    target: str = "first",
 ) -> tuple[str, str, str, list[int]]:
-    """One ``twin`` example: (question, context, answer, both answer offsets)."""
+    """One ``twin`` example: (question, context, answer, both answer offsets, the training target first)."""
+    person_names, place_names = _NAME_POOLS[names]
+    if placement == "balanced":
+        kinds, starts, first, second = _balanced_twin_layout(rng, context_tokens, min_gap, max_gap, num_facts)
+        facts = np.flatnonzero(kinds < 0)
+        return _fill_twin(rng, kinds, facts, first, second, num_facts, person_names, place_names, target)
     for _ in range(1000):
         target = int(rng.integers(context_tokens[0], context_tokens[1] + 1))
         fillers = []
@@ -243,8 +304,13 @@ def _generate_twin(
             f"no context of {context_tokens} approximate tokens placed two facts {min_gap}-{max_gap} tokens apart; "
             "widen context_tokens or the gap range"
         )
-    people = rng.choice(len(PERSON_NAMES), size=num_facts, replace=False)
-    places = [PLACE_NAMES[i] for i in rng.choice(len(PLACE_NAMES), size=num_facts - 1, replace=False)]
+    return _fill_twin(rng, kinds, facts, first, second, num_facts, person_names, place_names, target)
+
+
+def _fill_twin(rng, kinds, facts, first, second, num_facts, person_names, place_names, target):
+    """Write the sentences of a twin layout: fact slots ``first`` and ``second`` name the same place."""
+    people = rng.choice(len(person_names), size=num_facts, replace=False)
+    places = [place_names[i] for i in rng.choice(len(place_names), size=num_facts - 1, replace=False)]
     others = [i for i in range(num_facts) if i not in (first, second)]
     fact_places = [""] * num_facts
     fact_places[first] = fact_places[second] = places[0]
@@ -252,9 +318,11 @@ def _generate_twin(
         fact_places[slot] = place
     sentences = [_FILLERS[k] if k >= 0 else "" for k in kinds]
     for slot, sentence in enumerate(facts):
-        sentences[sentence] = _PLACE.format(PERSON_NAMES[people[slot]], fact_places[slot])
+        sentences[sentence] = _PLACE.format(person_names[people[slot]], fact_places[slot])
     offsets = np.cumsum([0] + [len(t) + 1 for t in sentences])
     answer_starts = [int(offsets[facts[i]]) + len(sentences[facts[i]]) - len(places[0]) - 1 for i in (first, second)]
+    if target == "later":
+        answer_starts.reverse()
     return _TWIN, " ".join(sentences), places[0], answer_starts
 
 
@@ -289,6 +357,9 @@ def generate_longrange_dataset(
     split: str = "train",
     max_gap_tokens: int | None = None,
     num_facts: int = 16,
+    names: str = "invented",
+    placement: str = "gap",
+    target: str = "first",
 ) -> list[dict[str, Any]]:
     """Generate SQuAD-format records ``{"id", "title", "question", "context", "answers"}``.
 
@@ -308,6 +379,13 @@ def generate_longrange_dataset(
             one window, for a near version of the task).
         num_facts: ``twin`` only: place facts per context (``num_facts - 1`` distinct places; chance is
             ``1 / (num_facts - 1)``).
+        names: ``twin`` only: ``"invented"`` (the pools above; several tokens each, sharing pieces) or ``"words"``
+            (common first names and cities, one token each in BERT's uncased vocabulary).
+        placement: ``twin`` only: ``"gap"`` (facts anywhere; a uniform fact, then a partner at the right distance,
+            which favours the first and last facts) or ``"balanced"`` (facts spread evenly, the pair ``num_facts / 2``
+            facts apart from a uniform start: every fact slot is in the pair equally often).
+        target: ``twin`` only: which mention is listed first in ``answer_start`` (the one training takes):
+            ``"first"`` or ``"later"``.
     """
     _check_args(kind, context_tokens, min_gap_tokens, fact_fraction)
     if num_examples < 0:
@@ -318,6 +396,12 @@ def generate_longrange_dataset(
         raise ValueError(f"max_chains must be in [1, {cap}], got {max_chains}")
     if kind == "twin" and not 3 <= num_facts <= len(PLACE_NAMES):
         raise ValueError(f"num_facts must be in [3, {len(PLACE_NAMES)}], got {num_facts}")
+    for option, value, choices in (("names", names, tuple(_NAME_POOLS)), ("placement", placement, ("gap", "balanced")),
+                                   ("target", target, ("first", "later"))):
+        if value not in choices:
+            raise ValueError(f"{option} must be one of {choices}, got {value!r}")
+    if kind == "twin" and num_facts > min(len(p) for p in _NAME_POOLS[names]) + 1:
+        raise ValueError(f"num_facts {num_facts} is more than the {names!r} name pools hold")
     if max_gap_tokens is not None and max_gap_tokens < min_gap_tokens:
         raise ValueError(f"max_gap_tokens ({max_gap_tokens}) must be >= min_gap_tokens ({min_gap_tokens})")
     split_id = _SPLIT_IDS.get(split)
@@ -327,7 +411,9 @@ def generate_longrange_dataset(
     for i in range(num_examples):
         rng = np.random.default_rng([seed, _KIND_IDS[kind], split_id, i])
         if kind == "twin":
-            question, context, answer, starts = _generate_twin(rng, context_tokens, min_gap_tokens, max_gap_tokens, num_facts)
+            question, context, answer, starts = _generate_twin(
+                rng, context_tokens, min_gap_tokens, max_gap_tokens, num_facts, names, placement, target
+            )
         else:
             question, context, answer, start = _generate_one(
                 rng, kind, context_tokens, min_gap_tokens, fact_fraction, max_chains

@@ -15,7 +15,7 @@ $(STAMP): setup.cfg constraints.txt pyproject.toml
 	touch $(STAMP)
 
 demo: install
-	$(PY) examples/demo.py --output_dir outputs
+	$(PY) examples/demo.py --output_dir outputs --overwrite
 
 test: install
 	$(PY) -m pytest -q tests

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # One command for a GPU machine (at most 9 minutes): the encoder benchmark (bf16, forward and training step, peak
 # memory, Cluster-Former vs the floor, Longformer, BigBird and ModernBERT), the K-Means benchmark on the GPU, and the
-# `gpu` reproduction preset, everything written under $OUT (or the folder given as $1).
+# `gpu` reproduction preset, everything written under $OUT (or the folder given as $1). PARTS picks the steps
+# (default "encoder kmeans reproduce"); PARTS=study runs the long-range study (about 9 minutes on one H200).
+# Encoder efficiency parts: encoder (every peer, 20 interleaved rounds, MFU; ~4 min), encoder-profile (where
+# Cluster-Former's time above the floor goes), encoder-compile (torch.compile vs eager, forward and training step),
+# encoder-cudagraphs (mode="reduce-overhead"); e.g. PARTS="encoder encoder-profile encoder-compile".
 #
 #   bash bench/device_run.sh [OUT_DIR]          # on the GPU machine
 #   SIZE=tiny bash bench/device_run.sh /tmp/t   # the same steps at tiny sizes, on CPU, in about a minute
@@ -18,6 +22,8 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error
 python=${PYTHON:-python3}
 pretrained="${PRETRAINED:-.cache/minilm}"
 size="${SIZE:-full}"
+parts="${PARTS:-encoder kmeans reproduce}"  # PARTS=study: the long-range study (`study-gpu` recipe) alone
+want() { [[ " $parts " == *" $1 "* ]]; }
 started=$(date +%s)
 status=0
 
@@ -37,15 +43,30 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $out/NAM
   | tee "$out/summary.txt"
 
 if [ "$size" = tiny ]; then
-  step encoder 120 $python bench/bench_encoder.py --lengths 256 512 --hidden 32 --layers 3 --heads 2 --train \
-    --repeats 1 --json "$out/encoder.json"
-  step kmeans 60 $python bench/bench_kmeans.py --n 4000 --dim 32 --clusters 8 --iters 3 --backends torch
-  step reproduce 300 $python bench/reproduce_longrange.py --preset smoke --output_dir "$out"
+  want encoder && step encoder 120 $python bench/bench_encoder.py --lengths 256 512 --hidden 32 --layers 3 --heads 2 --train \
+    --repeats 3 --warmup 1 --json "$out/encoder.json"
+  want encoder-profile && step encoder-profile 60 $python bench/bench_encoder.py --lengths 256 --hidden 32 --layers 3 \
+    --heads 2 --peers clusterformer floor --repeats 3 --warmup 1 --profile --profile_steps 2 --json "$out/encoder-profile.json"
+  want encoder-compile && step encoder-compile 300 $python bench/bench_encoder.py --lengths 256 --hidden 32 --layers 3 \
+    --heads 2 --peers clusterformer floor --compile --repeats 3 --warmup 2 --json "$out/encoder-compile.json"
+  want kmeans && step kmeans 60 $python bench/bench_kmeans.py --n 4000 --dim 32 --clusters 8 --iters 3 --backends torch
+  want reproduce && step reproduce 300 $python bench/reproduce_longrange.py --preset smoke --output_dir "$out"
+  want study && step study 300 $python bench/reproduce_longrange.py --preset smoke --variants clusterformer \
+    clusterformer-prefix sliding --output_dir "$out/study"
 else
-  step encoder 120 $python bench/bench_encoder.py --lengths 4096 8192 16384 32768 131072 --train --repeats 2 \
-    --max_seconds 6 --json "$out/encoder.json"
-  step kmeans 40 $python bench/bench_kmeans.py --n 100000 --dim 1024 --clusters 64 256 512 --backends torch
-  step reproduce 370 $python bench/reproduce_longrange.py --preset gpu --pretrained "$pretrained" --time_budget 330 --output_dir "$out"
+  want encoder && step encoder 300 $python bench/bench_encoder.py --lengths 4096 8192 16384 32768 131072 --train \
+    --repeats 20 --warmup 3 --max_seconds 0.15 --json "$out/encoder.json"
+  want encoder-profile && step encoder-profile 120 $python bench/bench_encoder.py --lengths 4096 8192 32768 \
+    --peers clusterformer floor --repeats 20 --profile --json "$out/encoder-profile.json"
+  want encoder-compile && step encoder-compile 300 $python bench/bench_encoder.py --lengths 4096 32768 \
+    --peers clusterformer floor --train --compile --repeats 20 --json "$out/encoder-compile.json"
+  want encoder-cudagraphs && step encoder-cudagraphs 240 $python bench/bench_encoder.py --lengths 4096 32768 \
+    --peers clusterformer floor --compile --compile_mode reduce-overhead --repeats 20 --json "$out/encoder-cudagraphs.json"
+  want kmeans && step kmeans 40 $python bench/bench_kmeans.py --n 100000 --dim 1024 --clusters 64 256 512 --backends torch
+  want reproduce && step reproduce 370 $python bench/reproduce_longrange.py --preset gpu --pretrained "$pretrained" \
+    --time_budget 330 --output_dir "$out"
+  want study && step study 560 $python bench/reproduce_longrange.py --preset study-gpu --pretrained "$pretrained" \
+    --output_dir "$out/study"
 fi
 echo "done in $(( $(date +%s) - started )) s; results in $out" | tee -a "$out/summary.txt"
 exit $status

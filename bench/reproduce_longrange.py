@@ -37,23 +37,29 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--workers", type=int, default=None, help="parallel runs on CPU (default: the cores, at most 2)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per run on CPU (default: cores / workers)")
     parser.add_argument("--time_budget", type=float, default=None, help="seconds; runs that would not fit are skipped")
+    parser.add_argument("--overwrite", action="store_true", help="replace models saved in --output_dir before")
+    parser.add_argument("--save_models", action="store_true", help="save each variant's first-seed model")
     parser.add_argument("--set", nargs="*", default=[], metavar="FIELD=JSON",
                         help="recipe overrides, e.g. num_clusters=32 'cluster_layers=[2]'")
     args = parser.parse_args(argv)
 
     preset = make_preset(args.preset)
     for item in args.set:
-        key, value = item.split("=", 1)
+        key, _, value = item.partition("=")
         if not hasattr(preset, key):
-            parser.error(f"--set {item}: the recipe has no field {key!r}")
-        value = json.loads(value)
-        setattr(preset, key, [Stage(**stage) for stage in value] if key == "stages" else value)
+            parser.error(f"--set {item}: the recipe has no field {key!r}; use FIELD=JSON")
+        try:
+            value = json.loads(value)
+            setattr(preset, key, [Stage(**stage) for stage in value] if key == "stages" else value)
+        except (ValueError, TypeError) as error:
+            parser.error(f"--set {item}: {error}; give the field's value as JSON")
     if args.seeds:
         preset.seeds = args.seeds
     if args.variants:
         preset.variants = args.variants
     return compare(preset, args.output_dir, name=args.preset, pretrained=args.pretrained, device=args.device,
-                   workers=args.workers, threads=args.threads, time_budget=args.time_budget)
+                   workers=args.workers, threads=args.threads, time_budget=args.time_budget,
+                   save_models=args.save_models, overwrite=args.overwrite)
 
 
 if __name__ == "__main__":

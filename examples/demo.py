@@ -29,6 +29,7 @@ from hf_clusterformer import ClusterFormerForQuestionAnswering
 from hf_clusterformer import pipeline as qa_pipeline
 from hf_clusterformer.data import generate_longrange_dataset
 from hf_clusterformer.experiment import compare, make_preset
+from hf_clusterformer.hub import ModelFolderExistsError
 from hf_clusterformer.pretrained import PretrainedUnavailableError
 
 
@@ -38,6 +39,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--pretrained", default=None, help="folder of the MiniLM files (default: the user cache)")
     parser.add_argument("--quick", action="store_true", help="seconds: the smoke recipe (a tiny random BERT)")
+    parser.add_argument("--overwrite", action="store_true", help="replace the models of an earlier run in --output_dir")
     parser.add_argument("--from_scratch", action="store_true", help="run the from-scratch demo instead")
     args, rest = parser.parse_known_args()
     if rest and not args.from_scratch:
@@ -60,9 +62,11 @@ def main() -> None:
     print(f"1-3/4 fetching all-MiniLM-L6-v2, converting it, fine-tuning Cluster-Former and the sliding-window model "
           f"side by side ({' + '.join(f'{s.steps} {s.name}' for s in preset.stages)} steps)", flush=True)
     try:
-        result = compare(preset, output, name=recipe, pretrained=args.pretrained, save_models=True)
-    except PretrainedUnavailableError as error:
-        sys.exit(f"demo: {error}")
+        result = compare(preset, output, name=recipe, pretrained=args.pretrained, save_models=True,
+                         overwrite=args.overwrite)
+    except (PretrainedUnavailableError, ModelFolderExistsError) as error:
+        print(f"demo: {error}", file=sys.stderr)
+        sys.exit(2)
 
     print("4/4 answering one question over a long context with the Cluster-Former model", flush=True)
     model = ClusterFormerForQuestionAnswering.from_pretrained(output / "clusterformer").eval()

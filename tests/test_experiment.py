@@ -53,13 +53,17 @@ def test_far_twin_mentions_lie_beyond_the_sliding_stacks_reach():
 
 @pytest.mark.skipif(sys.platform == "win32", reason="bash script")
 def test_device_script_runs_at_tiny_sizes(tmp_path):
-    env = {**os.environ, "SIZE": "tiny", "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "SIZE": "tiny", "PYTHON": sys.executable, "OMP_NUM_THREADS": "1",
+           "PARTS": "encoder kmeans reproduce study"}
     done = subprocess.run(["bash", str(ROOT / "bench" / "device_run.sh"), str(tmp_path)], env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = (tmp_path / "summary.txt").read_text()
-    for step in ("encoder", "kmeans", "reproduce"):
+    for step in ("encoder", "kmeans", "reproduce", "study"):
         assert f"== {step}: exit 0" in summary
+    study = json.loads((tmp_path / "study" / "results.json").read_text())
+    assert {run["variant"] for run in study["runs"]} == {"clusterformer", "clusterformer-prefix", "sliding"}
+    assert all(run["curve"] for run in study["runs"])
     rows = json.loads((tmp_path / "encoder.json").read_text())["rows"]
     assert {row["model"] for row in rows} >= {"clusterformer", "floor", "longformer", "bigbird", "modernbert"}
     assert {row["mode"] for row in rows} == {"forward", "train"}

@@ -41,7 +41,7 @@ PRETRAINED_ORIGIN = "sentence-transformers/all-MiniLM-L6-v2"
 #: Variants `compare` trains: the layer type put in place of the preset's cluster layers ("sliding": none).
 VARIANTS = ("clusterformer", "clusterformer-prefix", "sliding", "lsh", "sparse")
 #: The named recipes of `make_preset`.
-PRESETS = ("smoke", "demo", "study", "cpu", "gpu")
+PRESETS = ("smoke", "demo", "study", "study-gpu", "cpu", "gpu")
 #: Variants run first on every seed (the comparison itself); the others on ``extra_variant_seeds`` seeds.
 MAIN_VARIANTS = ("clusterformer", "clusterformer-prefix", "sliding")
 
@@ -142,6 +142,13 @@ def make_preset(name: str) -> Preset:
             centroid_update_steps=50, memory_size=20_000, time_budget=3600, num_facts=20,
             schedule="constant", warmup_steps=30, curve_every=50, curve_samples=100,
         )
+    if name == "study-gpu":  # the study recipe with 3 seeds and ~10x the examples, for one GPU
+        preset = make_preset("study")
+        preset.stages[0].steps, preset.stages[0].batch_size = 400, 16
+        preset.stages[1].steps, preset.stages[1].batch_size = 800, 16
+        preset.seeds, preset.eval_samples, preset.curve_every, preset.curve_samples = [0, 1, 2], 200, 100, 200
+        preset.memory_size, preset.centroid_update_steps, preset.time_budget = 50_000, 100, 500
+        return preset
     if name == "cpu":
         far = {"twin": _twin(350, 450, 200), "longrange": _chains(350, 450, 200), "local": _chains(350, 450, 200)}
         return Preset(
@@ -369,7 +376,8 @@ _STEP_PLAN: dict[str, int] = {}
 
 
 def run_one(variant: str, seed: int, preset: Preset, source: Path, work: Path, device: torch.device, dtype,
-            threads: int | None, save_dir: Path | None = None, train_seconds: float | None = None) -> dict:
+            threads: int | None, save_dir: Path | None = None, train_seconds: float | None = None,
+            overwrite: bool = False) -> dict:
     """Fine-tune one variant with one seed through every stage, then evaluate it (and save it under
     ``save_dir/<variant>`` for the first seed).
 
@@ -381,12 +389,12 @@ def run_one(variant: str, seed: int, preset: Preset, source: Path, work: Path, d
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # loading reports of every run would bury the progress lines
     try:
-        return _run_one(variant, seed, preset, source, work, device, dtype, threads, save_dir, train_seconds)
+        return _run_one(variant, seed, preset, source, work, device, dtype, threads, save_dir, train_seconds, overwrite)
     finally:
         hf_logging.set_verbosity(verbosity)
 
 
-def _run_one(variant, seed, preset, source, work, device, dtype, threads, save_dir, train_seconds) -> dict:
+def _run_one(variant, seed, preset, source, work, device, dtype, threads, save_dir, train_seconds, overwrite) -> dict:
     if threads:
         torch.set_num_threads(threads)
     from transformers import AutoTokenizer
@@ -408,9 +416,12 @@ def _run_one(variant, seed, preset, source, work, device, dtype, threads, save_d
     started = time.time()
     log, curve = [], []
     generator = torch.Generator().manual_seed(seed)
-    curve_records = []
+    curve_records, near_records = [], []
     if preset.curve_every and "twin" in preset.eval:
         curve_records = generate("twin", preset.eval["twin"], preset.curve_samples, "curve", 1000, preset.num_facts)
+        near = preset.stages[0].data.get("twin")
+        if near is not None and near != preset.eval["twin"]:  # the first stage's twin questions, held out
+            near_records = generate("twin", near, preset.curve_samples, "curve", 1000, preset.num_facts)
     global_step = 0
 
     def record_curve(stage_name: str, step: int, losses: list[float]) -> None:
@@ -418,6 +429,8 @@ def _run_one(variant, seed, preset, source, work, device, dtype, threads, save_d
         curve.append({"stage": stage_name, "step": step, "global_step": global_step,
                       "loss": round(float(np.mean(losses[-preset.curve_every:])), 4) if losses else None,
                       "twin_em": point["exact_match"], "twin_shared_chunk": point.get("twin_shared_chunk")})
+        if near_records:
+            curve[-1]["near_twin_em"] = evaluate(model, tokenizer, near_records, preset, device, dtype, 16, "twin")["exact_match"]
         print(f"[{variant}/seed {seed}] curve {json.dumps(curve[-1])}", flush=True)
         model.train()
     for stage in preset.stages:
@@ -494,7 +507,8 @@ def _run_one(variant, seed, preset, source, work, device, dtype, threads, save_d
         card = {"model_id": f"clusterformer-{variant}", "base_model": PRETRAINED_ORIGIN if preset.pretrained == "minilm" else None,
                 "training_data": "Generated long-range QA (`hf_clusterformer.data.longrange`): " + ", ".join(preset.eval),
                 "centroids_fitted": fitted}
-        save_for_hub(model.cpu().eval(), tokenizer, save_dir / variant, card_data={k: v for k, v in card.items() if v is not None})
+        save_for_hub(model.cpu().eval(), tokenizer, save_dir / variant,
+                     card_data={k: v for k, v in card.items() if v is not None}, overwrite=overwrite)
     return {"variant": variant, "seed": seed, "scores": scores, "train_seconds": round(train_seconds, 1),
             "eval_seconds": round(time.time() - started - train_seconds, 1), "log": log, "curve": curve,
             "steps": {s.name: _STEP_PLAN.get(s.name, s.steps) for s in preset.stages}}
@@ -542,9 +556,11 @@ def write_report(output: Path, runs: list[dict], meta: dict, kinds: list[str]) -
                      f"(chance {shortcuts['chance']:.1f}).\n")
     curves = [run for run in runs if run.get("curve")]
     if curves:
-        markdown += "\nLearning curves (one-hop far EM on held-out questions; global step: EM):\n\n"
+        markdown += ("\nLearning curves (one-hop far EM on held-out questions, and on the first stage's near ones; "
+                     "global step: EM):\n\n")
         for run in curves:
-            points = ", ".join(f"{p['global_step']}: {p['twin_em']:.0f}" for p in run["curve"])
+            points = ", ".join(f"{p['global_step']}: {p['twin_em']:.0f}"
+                               + (f" (near {p['near_twin_em']:.0f})" if "near_twin_em" in p else "") for p in run["curve"])
             markdown += f"- {run['variant']} / seed {run['seed']}: {points}\n"
     header = (f"Preset `{meta['preset']}` on {meta['device_name']} ({meta['dtype']}), {meta['wall_seconds']:.0f} s; "
               f"steps {meta['steps']}; EM in %, mean over seeds (per seed in brackets).\n\n")
@@ -579,14 +595,17 @@ def write_report(output: Path, runs: list[dict], meta: dict, kinds: list[str]) -
 
 
 def plot_curves(plt, path: Path, runs: list[dict], meta: dict) -> None:
-    """One-hop far EM (and the twin co-location, dotted) against the global step, a line per (variant, seed)."""
+    """One-hop far EM (near EM faint) against the global step, a line per (variant, seed)."""
     figure, axis = plt.subplots(figsize=(7, 4))
     colours = {}
     for run in runs:
         colour = colours.setdefault(run["variant"], f"C{len(colours)}")
         steps = [p["global_step"] for p in run["curve"]]
+        style = ("-", "--", "-.", ":")[run["seed"] % 4]
         axis.plot(steps, [p["twin_em"] for p in run["curve"]], color=colour, marker=".",
-                  label=f"{run['variant']} seed {run['seed']}", linestyle=("-", "--", "-.", ":")[run["seed"] % 4])
+                  label=f"{run['variant']} seed {run['seed']}", linestyle=style)
+        if "near_twin_em" in run["curve"][0]:
+            axis.plot(steps, [p["near_twin_em"] for p in run["curve"]], color=colour, linestyle=style, alpha=0.35)
     shortcuts = meta.get("positional_shortcuts") or {}
     if shortcuts:
         axis.axhline(shortcuts["best_fact_slot"], color="grey", linewidth=0.8, linestyle=":")
@@ -595,7 +614,8 @@ def plot_curves(plt, path: Path, runs: list[dict], meta: dict) -> None:
     axis.set_ylabel("one-hop far EM (%)")
     axis.set_ylim(0, 100)
     axis.legend(fontsize=7)
-    axis.set_title(f"{meta['preset']}: learning curves (dotted: best positional shortcut, chance)", fontsize=9)
+    axis.set_title(f"{meta['preset']}: far twin EM (faint: near twin EM; dotted: best positional shortcut, chance)",
+                   fontsize=9)
     figure.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(figure)
 
@@ -611,6 +631,7 @@ def compare(
     threads: int | None = None,
     time_budget: float | None = None,
     save_models: bool = False,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Fine-tune and evaluate every variant and seed of ``preset``; write ``results.{md,json,png}`` to ``output_dir``.
 
@@ -623,6 +644,8 @@ def compare(
         workers, threads: CPU only: parallel runs (default: the cores, at most 2) and torch threads per run.
         time_budget: seconds; runs that would not fit after the previous ones are skipped (and listed).
         save_models: save each variant's model of the first seed under ``output_dir/<variant>``.
+        overwrite: replace models already saved there; without it such a folder is refused
+            (`hf_clusterformer.hub.ModelFolderExistsError`) before any training.
 
     Returns:
         ``{"meta": ..., "runs": [...], "summary": ...}`` as written to ``results.json``.
@@ -631,6 +654,11 @@ def compare(
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     budget = time_budget or preset.time_budget
     output = Path(output_dir)
+    if save_models:
+        from .hub import check_output_dir
+
+        for variant in preset.variants:
+            check_output_dir(output / variant, overwrite, "overwrite=True (--overwrite)")
     output.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="clusterformer-experiment-"))
     started = time.time()
@@ -669,7 +697,7 @@ def compare(
             for begin in range(0, len(queue), workers):
                 if not fits(begin):
                     break
-                wave = [pool.submit(run_one, v, s, preset, source, work, device, dtype, threads, save_dir)
+                wave = [pool.submit(run_one, v, s, preset, source, work, device, dtype, threads, save_dir, None, overwrite)
                         for v, s in queue[begin: begin + workers]]
                 for future in wave:
                     record(future.result())
@@ -680,7 +708,7 @@ def compare(
             # room for the main pair on two seeds and the other layer types, each trained alike
             per_run = 0.8 * (budget - (time.time() - started)) / max(1, min(len(queue), split + len(others)))
             record(run_one(variant, seed, preset, source, work, device, dtype, None, save_dir,
-                           train_seconds=per_run if not runs else None))
+                           train_seconds=per_run if not runs else None, overwrite=overwrite))
 
     meta = {
         "preset": name, "device": str(device),

@@ -19,6 +19,7 @@ import torch
 
 from hf_clusterformer import ClusterFormerConfig, ClusterFormerForQuestionAnswering
 from hf_clusterformer.centroid_updates import CentroidUpdater
+from hf_clusterformer.configuration_clusterformer import QUESTION_PREFIX_SPECIAL_TOKENS
 
 
 def make_batch(batch: int, question: int, context: int, vocab: int, seed: int) -> dict[str, torch.Tensor]:
@@ -27,7 +28,7 @@ def make_batch(batch: int, question: int, context: int, vocab: int, seed: int) -
     tokens = torch.randint(4, vocab, (batch, question + context), generator=generator)
     bos, sep = torch.zeros(batch, 1, dtype=torch.long), torch.full((batch, 1), 2, dtype=torch.long)
     ids = torch.cat([bos, tokens[:, :question], sep, sep, tokens[:, question:], sep], dim=1)
-    start = torch.randint(question + 3, ids.shape[1] - 2, (batch,), generator=generator)
+    start = torch.randint(question + QUESTION_PREFIX_SPECIAL_TOKENS, ids.shape[1] - 2, (batch,), generator=generator)
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "start_positions": start, "end_positions": start + 1}
 
 

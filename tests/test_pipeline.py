@@ -370,3 +370,22 @@ def test_long_answers_fall_back_to_sentence_groups(tokenizer, caplog):
         if len(re.split(r"(?<=[.?])\s+", answer["answer"])) > 1:  # a longer sentence stands alone
             assert len(tokenizer(answer["answer"], add_special_tokens=False)["input_ids"]) <= 24 + 2
     assert "groups of whole sentences" in caplog.text
+
+
+def test_question_prefix_from_sequence_ids_is_the_models_rule(tokenizer):
+    """The pipeline's ``question_lengths`` (`question_prefix_length`) and the model's separator rule
+    (`locate_question_prefix`) find one prefix, for RoBERTa's ``<s> Q </s></s> C </s>`` and BERT's template."""
+    from transformers import BertTokenizerFast
+
+    from hf_clusterformer.configuration_clusterformer import question_prefix_length
+    from hf_clusterformer.modeling_clusterformer import locate_question_prefix
+
+    words = sorted({w.strip(".,?").lower() for w in " ".join(SENTENCES).split()})
+    bert = BertTokenizerFast(vocab={t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", ".", ",", "?", *words])})
+    for encode, sep in ((tokenizer, tokenizer.sep_token_id), (bert, bert.sep_token_id)):
+        encoding = encode(QUESTION, CONTEXT, return_tensors="pt")
+        prefix, question, _ = locate_question_prefix(encoding["input_ids"] == sep)
+        assert question_prefix_length(encoding.sequence_ids(0)) == int(prefix[0])
+        assert int(question[0]) == encoding.sequence_ids(0).count(0)
+    with pytest.raises(ValueError, match="no context token"):
+        question_prefix_length([None, 0, 0, None])

@@ -9,8 +9,8 @@ Outputs follow the old transformers pipeline: ``{"score", "start", "end", "answe
 ``answer == context[start:end]``; a list of them when ``top_k > 1``. With ``long_answer=True`` an example gives
 ``{"short_answers": [...], "long_answers": [...]}``, where long answers are whole paragraphs (NQ style).
 
-This file is self-contained for the Hub (``custom_pipelines`` in ``config.json``): it imports only torch and
-transformers.
+This file is self-contained for the Hub (``custom_pipelines`` in ``config.json``): it imports only torch,
+transformers and ``configuration_clusterformer``.
 """
 
 from __future__ import annotations
@@ -28,6 +28,11 @@ from transformers import AutoModelForQuestionAnswering, Pipeline
 import transformers.pipelines as hf_pipelines
 from transformers.pipelines import PIPELINE_REGISTRY
 from transformers.utils import logging
+
+try:  # package import
+    from .configuration_clusterformer import question_prefix_length
+except ImportError:  # Hub copy loaded with trust_remote_code
+    from configuration_clusterformer import question_prefix_length
 
 logger = logging.get_logger(__name__)
 
@@ -241,8 +246,7 @@ class ClusterFormerQuestionAnsweringPipeline(Pipeline):
             raise ValueError("The context has no token that can start an answer (it is empty or only special tokens).")
         model_inputs = {k: encoding[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in encoding}
         if getattr(self.model.config, "model_type", None) == "clusterformer":
-            # The question prefix <s> Q </s></s> ends where the context starts.
-            model_inputs["question_lengths"] = torch.tensor([context_positions[0]])
+            model_inputs["question_lengths"] = torch.tensor([question_prefix_length(sequence_ids)])
         model_inputs.update(
             context=context,
             offsets=offsets,

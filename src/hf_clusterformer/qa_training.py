@@ -365,11 +365,13 @@ def make_trainer(model, training_args: TrainingArguments, train_features, tokeni
     return trainer
 
 
-def check_question_lengths(features: datasets.Dataset, tokenizer, max_question_length: int, split: str) -> None:
-    """Raise a `ValueError` with counts when questions exceed the model's ``max_question_length`` (before any training)."""
+def check_question_lengths(features: datasets.Dataset, config: ClusterFormerConfig, split: str) -> None:
+    """Raise a `ValueError` with counts when questions exceed ``config.max_question_length`` (before any training);
+    questions are found as the model finds them (`locate_question_prefix` at ``config.separator_token_id``)."""
+    max_question_length = config.max_question_length
     lengths = []
     for ids in features["input_ids"]:
-        _, question, found = locate_question_prefix(torch.tensor([ids]) == tokenizer.sep_token_id)
+        _, question, found = locate_question_prefix(torch.tensor([ids]) == config.separator_token_id)
         lengths.append(int(question) if bool(found) else 0)
     too_long = [i for i, n in enumerate(lengths) if n > max_question_length]
     if too_long:
@@ -394,7 +396,7 @@ def predict_answers(
         fn_kwargs={"tokenizer": tokenizer, "max_length": data.max_seq_length},
         desc="Tokenizing validation",
     )
-    check_question_lengths(features, tokenizer, trainer.model.config.max_question_length, "validation")
+    check_question_lengths(features, trainer.model.config, "validation")
     model_inputs = features.remove_columns([c for c in features.column_names if c not in ("input_ids", "attention_mask")])
     output = trainer.predict(model_inputs)
     start_logits, end_logits = output.predictions[:2]
@@ -476,7 +478,7 @@ def _run(model_args, data_args, centroid_args, training_args, callbacks, name: s
             load_from_cache_file=False,
             desc="Tokenizing training",
         )
-        check_question_lengths(train_features, tokenizer, model.config.max_question_length, "training")
+        check_question_lengths(train_features, model.config, "training")
         truncated = sum(train_features["answer_truncated"])
         if truncated:
             logger.warning("%d of %d training answers were lost to truncation at %d tokens.", truncated, len(train_features), data_args.max_seq_length)

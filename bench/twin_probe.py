@@ -24,7 +24,9 @@ from pathlib import Path
 import torch
 
 from hf_clusterformer import ClusterFormerForQuestionAnswering
-from hf_clusterformer.experiment import _VARIANT_OPTIONS, build_model, generate, make_preset, resolve_pretrained
+from hf_clusterformer.experiment import make_preset
+from hf_clusterformer.experiment.recipes import VARIANT_OPTIONS
+from hf_clusterformer.experiment.running import build_model, generate, resolve_pretrained
 from hf_clusterformer.kmeans import spherical_kmeans
 
 
@@ -119,7 +121,7 @@ def main() -> None:
         started = time.time()
         init = build_model(source, work, preset, variant)
         tokenizer = AutoTokenizer.from_pretrained(init)
-        model = ClusterFormerForQuestionAnswering.from_pretrained(init, **_VARIANT_OPTIONS.get(variant, {})).eval()
+        model = ClusterFormerForQuestionAnswering.from_pretrained(init, **VARIANT_OPTIONS.get(variant, {})).eval()
         fit_centroids(model, tokenizer, train_records[:64])
         train, test = features(model, tokenizer, train_records), features(model, tokenizer, test_records)
         layers = train[0][0].shape[0]

@@ -70,34 +70,35 @@ def test_device_script_runs_at_tiny_sizes(tmp_path):
     assert (tmp_path / "results.md").is_file()
 
 
-def test_a_run_over_its_time_share_trains_fewer_steps_and_later_runs_match(tmp_path, monkeypatch):
+def _setup(tmp_path, preset):
     import torch
 
-    from hf_clusterformer import experiment
+    from hf_clusterformer.experiment import RunSetup
+    from hf_clusterformer.experiment.running import resolve_pretrained
 
-    monkeypatch.setattr(experiment, "_STEP_PLAN", {})
+    source = resolve_pretrained(preset, None, tmp_path)
+    return RunSetup(preset, source, tmp_path, torch.device("cpu"), torch.float32, threads=1)
+
+
+def test_a_run_over_its_time_share_trains_fewer_steps_and_later_runs_match(tmp_path):
+    from hf_clusterformer.experiment import run_one
+
     preset = make_preset("smoke")
     for stage in preset.stages:
         stage.steps = 400
-    source = experiment.resolve_pretrained(preset, None, tmp_path)
-    first = experiment.run_one("clusterformer", 0, preset, source, tmp_path, torch.device("cpu"), torch.float32, 1,
-                               train_seconds=0.5)
+    setup = _setup(tmp_path, preset)
+    first = run_one(setup, "clusterformer", 0, train_seconds=0.5)
     assert all(30 <= steps < 400 for steps in first["steps"].values())
-    second = experiment.run_one("sliding", 0, preset, source, tmp_path, torch.device("cpu"), torch.float32, 1)
+    second = run_one(setup, "sliding", 0)
     assert second["steps"] == first["steps"]
     assert [e["step"] for e in second["log"] if e["stage"] == "far"][-1] == first["steps"]["far"]
 
 
-def test_runs_are_deterministic(tmp_path, monkeypatch):
-    import torch
+def test_runs_are_deterministic(tmp_path):
+    from hf_clusterformer.experiment import run_one
 
-    from hf_clusterformer import experiment
-
-    monkeypatch.setattr(experiment, "_STEP_PLAN", {})
-    preset = make_preset("smoke")
-    source = experiment.resolve_pretrained(preset, None, tmp_path)
-    runs = [experiment.run_one("clusterformer", 0, preset, source, tmp_path, torch.device("cpu"), torch.float32, 1)
-            for _ in range(2)]
+    setup = _setup(tmp_path, make_preset("smoke"))
+    runs = [run_one(setup, "clusterformer", 0) for _ in range(2)]
     for run in runs:
         run.pop("train_seconds"), run.pop("eval_seconds")
         for entry in run["log"]:
@@ -115,7 +116,7 @@ def test_positional_shortcuts_count_fact_slots():
 
 
 def test_learning_rate_schedules_and_cluster_layer_groups():
-    from hf_clusterformer.experiment import learning_rate_factor, parameter_groups
+    from hf_clusterformer.experiment.running import learning_rate_factor, parameter_groups
 
     constant, linear = learning_rate_factor("constant", 10, 100), learning_rate_factor("linear", 10, 100)
     assert [round(constant(s), 2) for s in (0, 9, 50, 99)] == [0.1, 1.0, 1.0, 1.0]
@@ -134,3 +135,19 @@ def test_learning_rate_schedules_and_cluster_layer_groups():
     names = {id(p): n for n, p in model.named_parameters()}
     assert all(".layer.1." in names[id(p)] for p in fast["params"])
     assert len(fast["params"]) + len(rest["params"]) == len(list(model.parameters()))
+
+
+def test_the_smoke_vocabulary_and_weights_are_the_same_in_every_process(tmp_path):
+    """String hashing differs between processes; the smoke recipe's tokenizer and random BERT must not."""
+    script = ("import sys; from pathlib import Path; from hf_clusterformer.experiment.running import tiny_bert; "
+              "from hf_clusterformer.experiment.running import generate; "
+              "corpus = [r['context'] for r in generate('twin', {'context_tokens': (70, 90), 'min_gap_tokens': 30}, "
+              "20, 'corpus', 0, 4)]; tiny_bert(Path(sys.argv[1]), corpus)")
+    folders = []
+    for hash_seed in ("1", "2"):
+        folder = tmp_path / hash_seed
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        subprocess.run([sys.executable, "-c", script, str(folder)], env=env, check=True, capture_output=True)
+        folders.append(folder)
+    assert (folders[0] / "tokenizer.json").read_text() == (folders[1] / "tokenizer.json").read_text()
+    assert (folders[0] / "model.safetensors").read_bytes() == (folders[1] / "model.safetensors").read_bytes()

@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-from hf_clusterformer_cli_support import CommandError, OneLineParser
+from hf_clusterformer_cli_support import CommandError, OneLineParser, add_option_flags
 
 
 #: Most context tokens a model may be set to take (``--max-context-length``): `hf_clusterformer.hub.MAX_CONTEXT_LENGTH`,
@@ -284,21 +284,13 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         check_output_dir(args.output_dir, args.overwrite, "--overwrite")
     except OSError as error:
         raise CommandError(str(error)) from error
+    from hf_clusterformer.configuration_clusterformer import model_options
+
+    options = {name: getattr(args, name) for name in model_options()}
     try:
         converted = convert_checkpoint(
-            args.source,
-            args.output_dir,
-            cluster_layers=args.cluster_layers,
-            num_clusters=args.num_clusters,
-            window_size=args.window_size,
-            window_stride=args.window_stride,
-            global_layer_type=args.global_layer_type,
-            max_question_length=args.max_question_length,
-            max_context_length=args.max_context_length,
-            use_answerability_head=args.answerability_head or None,
-            num_hidden_layers=args.num_hidden_layers,
-            overwrite=args.overwrite,
-            seed=args.seed,
+            args.source, args.output_dir, num_hidden_layers=args.num_hidden_layers, overwrite=args.overwrite,
+            seed=args.seed, **options,
         )
     except ModelFolderExistsError as error:
         raise CommandError(str(error).replace("overwrite=True", "--overwrite")) from error
@@ -350,7 +342,18 @@ def _push(checkpoint: str, repo_id: str, private: bool = False, message: str | N
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _add_model_option_flags(convert: argparse.ArgumentParser) -> None:
+    """``convert``'s flags for the model options, from `hf_clusterformer.configuration_clusterformer.model_options`
+    (names, types, defaults and help of `ClusterFormerConfig`); unset, they are ``None``."""
+    from hf_clusterformer.configuration_clusterformer import model_options
+
+    options = convert.add_argument_group("model options (left out: a Cluster-Former source's own, else the default)")
+    add_option_flags(options, model_options().values(), types={"max_context_length": _context_length})
+
+
+def build_parser(model_options: bool = False) -> argparse.ArgumentParser:
+    """The command's parser; ``convert`` gets its model option flags only with ``model_options`` (they load the
+    library, which ``clusterformer --help`` and the other commands' usage errors do without)."""
     parser = argparse.ArgumentParser(
         prog="clusterformer",
         description="Cluster-Former: long-context extractive QA with clustering-based sparse attention.",
@@ -409,20 +412,14 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("source", help="RoBERTa, BERT-family (BERT, MiniLM, bge, e5) or Cluster-Former checkpoint "
                                         "(directory or Hub id)")
     convert.add_argument("output_dir")
-    convert.add_argument("--cluster-layers", type=int, nargs="*", default=None, help="0-based (default: paper placement)")
-    convert.add_argument("--num-clusters", type=int, default=None, help="default 64; about context tokens / stride or more")
-    convert.add_argument("--window-size", type=int, default=None, help="default 256")
-    convert.add_argument("--window-stride", type=int, default=None, help="default 224")
-    convert.add_argument("--global-layer-type", default=None, choices=["cluster", "lsh", "sparse"], help="default cluster")
-    convert.add_argument("--max-question-length", type=int, default=None, help="default 64")
-    convert.add_argument("--max-context-length", type=_context_length, default=None, help="default 131072")
     convert.add_argument("--num-hidden-layers", type=int, default=None, help="keep only the first N layers")
-    convert.add_argument("--answerability-head", action="store_true")
     convert.add_argument("--overwrite", action="store_true",
                          help="replace a model already in OUTPUT_DIR (the whole folder, in one rename)")
-    convert.add_argument("--seed", type=int, default=0, help="seed of the newly initialised weights (default 0)")
+    convert.add_argument("--seed", type=int, default=0, help="seed of the newly initialised weights (default: %(default)s)")
     convert.add_argument("--push-to", default=None, help="Hub repo id to push the result to")
     convert.add_argument("--private", action="store_true")
+    if model_options:
+        _add_model_option_flags(convert)
 
     push = commands.add_parser("push", help="push a Cluster-Former checkpoint directory (weights, centroids, code, card)")
     push.add_argument("checkpoint")
@@ -493,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
             from hf_clusterformer.modelcard import main as card
 
             return card(argv[1:], prog="clusterformer card")
-        parser = build_parser()
+        parser = build_parser(model_options=bool(argv) and argv[0] == "convert")
         args = parser.parse_args(_dash_options(parser, argv))
         handler = {"predict": _cmd_predict, "inspect": _cmd_inspect, "convert": _cmd_convert, "push": _cmd_push}
         with _quiet(verbose):

@@ -1,4 +1,5 @@
-"""The error type and argument parser shared by the ``clusterformer`` command and ``hf_clusterformer.modelcard``.
+"""The error type and argument parser shared by the ``clusterformer`` command and ``hf_clusterformer.modelcard``, and
+the command-line flags of a table of options (the command's and the scripts' model options).
 
 A top-level module with no imports beyond the standard library, on the bottom floor (see ARCHITECTURE.md): the
 command imports it without importing ``hf_clusterformer`` (torch, transformers), and the card generator imports it
@@ -8,9 +9,10 @@ without importing the command.
 from __future__ import annotations
 
 import argparse
-from typing import NoReturn
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, NoReturn
 
-__all__ = ["CommandError", "OneLineParser"]
+__all__ = ["CommandError", "OneLineParser", "add_option_flags"]
 
 
 class CommandError(Exception):
@@ -22,3 +24,37 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise CommandError(f"{message} (see `{self.prog} --help`)")
+
+
+def add_option_flags(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    options: Iterable[Any],
+    defaults: Mapping[str, Any] | None = None,
+    types: Mapping[str, Callable[[str], Any]] | None = None,
+    dashes: bool = True,
+) -> None:
+    """One flag per option of a table (rows with ``name``, ``item_type``, ``many``, ``default``, ``help`` and
+    ``choices``, such as `hf_clusterformer.configuration_clusterformer.model_options`).
+
+    A flag's default is ``defaults[name]`` when given (a script's recipe), else ``None`` (left out: the caller keeps
+    what it has); its help names the default it stands for. Options that take lists take any number of values,
+    booleans are ``--name`` / ``--no-name``, and ``types`` replaces the parser of one value of an option.
+    """
+    defaults = defaults or {}
+    for option in options:
+        flag = "--" + (option.name.replace("_", "-") if dashes else option.name)
+        default = defaults.get(option.name)
+        shown = default if option.name in defaults else option.default
+        boolean = option.item_type is bool and not option.many
+        named = shown is not None and not (boolean and default is not None)  # BooleanOptionalAction names its own
+        text = option.help.replace("%", "%%") + (f" (default: {shown})" if named else "")
+        settings: dict[str, Any] = {"default": default, "help": text}
+        if boolean:
+            settings["action"] = argparse.BooleanOptionalAction
+        else:
+            settings["type"] = (types or {}).get(option.name, option.item_type)
+            if option.many:
+                settings["nargs"] = "*"
+            if option.choices:
+                settings["choices"] = option.choices
+        parser.add_argument(flag, **settings)

@@ -247,6 +247,10 @@ def test_convert_roberta_checkpoint(roberta_qa, workdir, capsys):
         f"wrote {again} from a clusterformer checkpoint (layers ['sliding', 'cluster'], 2 clusters, windows 32/24)"
     )
 
+    retyped = workdir / "retyped"  # layer types replace a Cluster-Former source's placement
+    assert main(["convert", str(target), str(retyped), "--layer-types", "sliding", "lsh", "--no-use-answerability-head"]) == 0
+    assert "(layers ['sliding', 'lsh'], 4 clusters" in capsys.readouterr().out
+
     converted = AutoModelForQuestionAnswering.from_pretrained(target)
     assert isinstance(converted, ClusterFormerForQuestionAnswering)
     assert converted.config.layer_types == ["sliding", "cluster"]
@@ -517,3 +521,24 @@ def test_max_context_length_for_evaluate_and_from_scratch(trained):
 def test_convert_missing_source(workdir, capsys):
     assert main(["convert", str(workdir / "nothing"), str(workdir / "out")]) == 2
     assert capsys.readouterr().err.strip() == f"clusterformer: error: source directory {workdir / 'nothing'} does not exist."
+
+
+def test_model_options_are_the_configs_fields_with_its_documented_defaults(capsys):
+    """One table of model options (`model_options`): every field `ClusterFormerConfig` adds, its default as the
+    docstring states it; ``convert`` has a flag for each, its help naming the config's default."""
+    from dataclasses import fields
+
+    from hf_clusterformer.configuration_clusterformer import model_options
+
+    options = model_options()
+    added = {f.name for f in fields(ClusterFormerConfig)} - {f.name for f in fields(RobertaConfig)}
+    assert set(options) == added
+    documented = dict(re.findall(r"^    (\w+) \(.*?defaults to `{0,2}([^`)]+)`{0,2}\)", ClusterFormerConfig.__doc__, re.M))
+    assert len(documented) == 10 and all(str(options[name].default).strip('"') == text.strip('"') for name, text in documented.items())
+    assert all(option.help and "``" not in option.help for option in options.values())
+    with pytest.raises(SystemExit):
+        main(["convert", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for option in options.values():
+        assert "--" + option.name.replace("_", "-") in out
+    assert "(default: 224)" in out and "(default: 131072)" in out

@@ -297,3 +297,18 @@ def test_questions_longer_than_the_model_allows_fail_before_training(tmp_path):
     training = TrainingArguments(output_dir=str(tmp_path), do_train=True, max_steps=1, report_to="none", save_strategy="no")
     with pytest.raises(ValueError, match=r"8 of 8 training questions have more than max_question_length=3"):
         run(model, data, CentroidArguments(), training)
+
+
+def test_model_flags_are_the_model_options():
+    """Every model option (`model_options`) is a run_qa flag, unset by default (a checkpoint keeps its own value);
+    ``--cluster_layers`` alone is the sliding-window baseline, as for ``clusterformer convert``."""
+    from dataclasses import fields
+
+    from hf_clusterformer.configuration_clusterformer import model_options
+
+    defaults = {f.name: f.default for f in fields(qa_training.ModelArguments)}
+    assert all(defaults[name] is None for name in model_options())
+    model, *_ = qa_training.parse_args(["--cluster_layers", "--num_clusters", "8", "--output_dir", "out"])
+    assert model.cluster_options() == {"cluster_layers": [], "num_clusters": 8}
+    model, *_ = qa_training.parse_args(["--layer_types", "sliding", "lsh", "--output_dir", "out"])
+    assert model.cluster_options() == {"layer_types": ["sliding", "lsh"]}

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from collections.abc import Sequence
+from typing import Any, get_args
 
 from huggingface_hub.dataclasses import strict
 from transformers import RobertaConfig
@@ -93,12 +96,14 @@ class ClusterFormerConfig(RobertaConfig):
     layer_types (`list[str]`, *optional*): the type of every encoder layer: ``"sliding"`` (attention
         within each window) or a global layer type: ``"cluster"`` (K-Means centroids), ``"lsh"``
         (random hyperplane buckets, Reformer-style) or ``"sparse"`` (attention across windows at equal
-        in-window position). Defaults to what ``cluster_layers`` and ``global_layer_type`` give.
-    cluster_layers (`list[int]`, *optional*): shortcut for ``layer_types``: 0-based indices of the global
-        layers; all others are sliding. Defaults to [`default_cluster_layers`] of the depth (``[15, 20]``
-        for 24 layers); ``[]`` gives a plain sliding-window model. Kept in sync with ``layer_types``.
-    global_layer_type (`str` or `list[str]`, defaults to ``"cluster"``): shortcut for ``layer_types``: the
-        type of each of ``cluster_layers``, one for all or one per entry. Kept in sync with ``layer_types``.
+        in-window position). Defaults to ``"cluster"`` at [`default_cluster_layers`] of the depth (``[15, 20]``
+        for 24 layers), ``"sliding"`` elsewhere.
+    cluster_layers (`list[int]`, *optional*): constructor shortcut for ``layer_types``: 0-based indices of the
+        global layers; all others are sliding; ``[]`` gives a plain sliding-window model. Kept in sync with
+        ``layer_types`` and saved in its place (see `to_dict`).
+    global_layer_type (`str` or `list[str]`, defaults to ``"cluster"``): constructor shortcut for
+        ``layer_types``: the type of each of ``cluster_layers``, one for all or one per entry. Kept in sync
+        with ``layer_types`` and saved in its place.
     num_clusters (`int`, defaults to 64): centroids per cluster layer (buckets per LSH layer).
     max_question_length (`int`, defaults to 64): question tokens allowed, without special tokens.
     max_context_length (`int`, defaults to 131072): context tokens allowed in one forward pass.
@@ -146,8 +151,15 @@ class ClusterFormerConfig(RobertaConfig):
     @classmethod
     def get_config_dict(cls, *args, **kwargs):
         """A RoBERTa checkpoint's config becomes a Cluster-Former one (said once, instead of transformers' warning
-        about a model of another type)."""
+        about a model of another type); a BERT-family one is refused in one line naming the loader that maps it."""
         config_dict, kwargs = super().get_config_dict(*args, **kwargs)
+        if config_dict.get("model_type") == "bert":
+            source = args[0] if args else "this checkpoint"
+            raise ValueError(
+                f"{source} is a BERT-family checkpoint, whose weights need mapping to RoBERTa's layout: load it with "
+                f"hf_clusterformer.hub.load_qa_model({str(source)!r}) or convert it once with "
+                f"`clusterformer convert {source} OUT_DIR`."
+            )
         if config_dict.get("model_type") == "roberta":
             if not getattr(cls, "_extending_said", False):
                 logger.info("Extending a RoBERTa checkpoint with Cluster-Former's window and cluster options.")
@@ -311,9 +323,76 @@ class ClusterFormerConfig(RobertaConfig):
             )
 
 
+@dataclasses.dataclass(frozen=True)
+class ModelOption:
+    """One of Cluster-Former's own options of `ClusterFormerConfig` (a row of `model_options`)."""
+
+    name: str
+    #: The field's annotation, e.g. ``list[int] | None``.
+    type: Any
+    #: The field's default.
+    default: Any
+    #: The field's description in the `ClusterFormerConfig` docstring, as plain text.
+    help: str
+    #: Type of one command-line value (``int``, ``str`` or ``bool``).
+    item_type: type
+    #: A command-line flag takes a list of values (the option takes only lists).
+    many: bool
+    #: The values allowed, when they are few.
+    choices: tuple[str, ...] | None = None
+
+
+#: Values allowed for the options that name layer types.
+_OPTION_CHOICES = {"layer_types": LAYER_TYPES, "global_layer_type": GLOBAL_LAYER_TYPES}
+
+
+def _docstring_fields(doc: str) -> dict[str, str]:
+    """``name: description`` of every ``name (`type`, ...): description`` entry of a config docstring, as plain text."""
+    entries: dict[str, list[str]] = {}
+    name = None
+    for line in doc.splitlines():
+        entry = re.match(r"^    (\w+) \(.*?\): (.*)$", line)
+        if entry:
+            name = entry.group(1)
+            entries[name] = [entry.group(2)]
+        elif name is not None and line.startswith("        "):
+            entries[name].append(line.strip())
+        else:
+            name = None
+    plain = {}
+    for name, lines in entries.items():
+        text = re.sub(r"\[`(\w+)`\]", r"\1", " ".join(lines))
+        plain[name] = text.replace("``", "").replace("`", "")
+    return plain
+
+
+def model_options() -> dict[str, ModelOption]:
+    """Cluster-Former's own options (the fields `ClusterFormerConfig` adds to RoBERTa's) by name, in declaration order:
+    type and default from the dataclass fields, help from the class docstring.
+
+    The one table of model options: `hf_clusterformer.hub.convert_checkpoint`, ``clusterformer convert``, run_qa's
+    model flags and the benchmarks read their names, types, defaults and help from it.
+    """
+    helps = _docstring_fields(ClusterFormerConfig.__doc__ or "")
+    defaults = {f.name: f.default for f in dataclasses.fields(ClusterFormerConfig)}
+    table = {}
+    for name, annotation in ClusterFormerConfig.__dict__["__annotations__"].items():
+        annotation = eval(annotation, globals()) if isinstance(annotation, str) else annotation  # noqa: S307
+        alternatives = [t for t in (get_args(annotation) or (annotation,)) if t is not type(None)]
+        scalars = [t for t in alternatives if not get_args(t)]
+        lists = [get_args(t)[0] for t in alternatives if get_args(t)]
+        table[name] = ModelOption(
+            name=name, type=annotation, default=defaults[name], help=helps[name], item_type=(scalars or lists)[0],
+            many=not scalars, choices=_OPTION_CHOICES.get(name),
+        )
+    return table
+
+
 __all__ = [
     "suggested_num_clusters",
     "ClusterFormerConfig",
+    "ModelOption",
+    "model_options",
     "GLOBAL_LAYER_TYPES",
     "LAYER_TYPES",
     "PAIR_SPECIAL_TOKENS",

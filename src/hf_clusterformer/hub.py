@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.dynamic_module_utils import get_imports
 
-from .configuration_clusterformer import ClusterFormerConfig
+from .configuration_clusterformer import ClusterFormerConfig, model_options
 from .modeling_clusterformer import ClusterFormerForQuestionAnswering, ClusterFormerModel
 from .pipeline import TASK, UNTRAINED_WEIGHTS, mark_untrained, untrained_weights
 
@@ -420,14 +420,6 @@ def convert_checkpoint(
     src: str | os.PathLike,
     dst: str | os.PathLike,
     *,
-    cluster_layers: Sequence[int] | None = None,
-    num_clusters: int | None = None,
-    window_size: int | None = None,
-    window_stride: int | None = None,
-    global_layer_type: str | Sequence[str] | None = None,
-    max_question_length: int | None = None,
-    max_context_length: int | None = None,
-    use_answerability_head: bool | None = None,
     num_hidden_layers: int | None = None,
     tokenizer: str | os.PathLike | None = None,
     card_data: Mapping[str, Any] | None = None,
@@ -435,6 +427,7 @@ def convert_checkpoint(
     token: str | bool | None = None,
     overwrite: bool = False,
     seed: int = 0,
+    **options: Any,
 ) -> ConvertedCheckpoint:
     """Turn a RoBERTa, BERT-family (BERT, MiniLM, bge, e5) or Cluster-Former checkpoint into a self-contained
     Cluster-Former one.
@@ -446,10 +439,6 @@ def convert_checkpoint(
     Args:
         src: Hub id or directory of a ``roberta``, ``bert`` or ``clusterformer`` checkpoint.
         dst: output directory, written by `save_for_hub`.
-        cluster_layers, num_clusters, window_size, window_stride, global_layer_type, max_question_length,
-            max_context_length, use_answerability_head: the Cluster-Former options (see `ClusterFormerConfig`);
-            ``None`` keeps a Cluster-Former source's own value, else the config default (``cluster_layers``: the
-            paper's placement scaled to the depth).
         num_hidden_layers: keep only the first this many encoder layers (a shallower, faster model).
         tokenizer: where to load the tokenizer from (default ``src``; a missing tokenizer there is skipped with a
             warning, one named here must load).
@@ -461,57 +450,74 @@ def convert_checkpoint(
             same checkpoint in any process. New weights are recorded as untrained in the config
             (`hf_clusterformer.pipeline.mark_untrained`): the pipeline and ``clusterformer predict`` refuse them
             until the model is trained.
+        options: the Cluster-Former options (`hf_clusterformer.configuration_clusterformer.model_options`:
+            ``layer_types``, ``cluster_layers``, ``num_clusters``, ``window_size``, ...); one left out or ``None``
+            keeps a Cluster-Former source's own value, else the config default (``cluster_layers``: the paper's
+            placement scaled to the depth).
 
     Raises:
         ValueError: ``src`` is not of a convertible type, or the options are invalid (e.g. windows that do not fit
-        the position table).
+        the position table). TypeError: an option that is not a model option.
     """
     check_output_dir(dst, overwrite)
-    check_context_length(max_context_length)
+    options = _conversion_options(options)
     hub_kwargs = {"revision": revision, "token": token}
+    source = _convertible_config(src, hub_kwargs)
+    loaded_tokenizer = _conversion_tokenizer(src, tokenizer, hub_kwargs)
+    if num_hidden_layers is not None:
+        if not 0 < num_hidden_layers <= source.num_hidden_layers:
+            raise ValueError(
+                f"num_hidden_layers must be in [1, {source.num_hidden_layers}] (the layers of {src}), got {num_hidden_layers}."
+            )
+        options["num_hidden_layers"] = num_hidden_layers
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)  # new weights are drawn from the global generator
+        model, newly_initialized = _converted_model(src, source, loaded_tokenizer, options, hub_kwargs)
+    if newly_initialized:  # returned, and printed by the command line: logged once, at info level
+        logger.info("Newly initialised (not in %s): %s; fine-tune before use.", src, ", ".join(newly_initialized))
+    mark_untrained(model, sorted(set(newly_initialized) | set(untrained_weights(model))))  # a source's own too
+    card_kwargs = dict(card_data or {})
+    if not Path(src).exists() and "base_model" not in card_kwargs:
+        card_kwargs["base_model"] = str(src)
+    save_for_hub(model, loaded_tokenizer, dst, card_data=card_kwargs, overwrite=overwrite)
+    return ConvertedCheckpoint(Path(dst), model.config, newly_initialized, loaded_tokenizer is not None, source.model_type)
+
+
+def _conversion_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The model options given to `convert_checkpoint` that set something (sequences as lists), checked by name."""
+    known = model_options()
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise TypeError(f"convert_checkpoint got unknown option(s) {unknown}; the model options are {', '.join(known)}.")
+    check_context_length(options.get("max_context_length"))
+    return {
+        name: list(value) if isinstance(value, (list, tuple)) else value
+        for name, value in options.items()
+        if value is not None
+    }
+
+
+def _convertible_config(src: str | os.PathLike, hub_kwargs: dict[str, Any]) -> PretrainedConfig:
+    """The config of ``src``; `ValueError` unless its type is one of `CONVERTIBLE_TYPES`."""
     source = AutoConfig.from_pretrained(src, **hub_kwargs)
     if source.model_type not in CONVERTIBLE_TYPES:
         raise ValueError(
             f"{src} is a {source.model_type!r} checkpoint; convertible types are {', '.join(CONVERTIBLE_TYPES)}."
         )
-    loaded_tokenizer = None
+    return source
+
+
+def _conversion_tokenizer(
+    src: str | os.PathLike, tokenizer: str | os.PathLike | None, hub_kwargs: dict[str, Any]
+) -> PreTrainedTokenizerBase | None:
+    """The tokenizer of ``tokenizer`` (which must load) or else of ``src`` (``None``, with a warning, when it has none)."""
     try:
-        loaded_tokenizer = AutoTokenizer.from_pretrained(tokenizer if tokenizer is not None else src, **hub_kwargs)
+        return AutoTokenizer.from_pretrained(tokenizer if tokenizer is not None else src, **hub_kwargs)
     except (OSError, ValueError, TypeError) as error:
         if tokenizer is not None:
             raise ValueError(f"Could not load the tokenizer from {tokenizer}: {error}") from error
         logger.warning(f"No tokenizer loaded from {src} ({error}); the checkpoint is written without one.")
-
-    options = {
-        "cluster_layers": list(cluster_layers) if cluster_layers is not None else None,
-        "num_clusters": num_clusters,
-        "window_size": window_size,
-        "window_stride": window_stride,
-        "global_layer_type": global_layer_type if global_layer_type is None or isinstance(global_layer_type, str)
-        else list(global_layer_type),
-        "max_question_length": max_question_length,
-        "max_context_length": max_context_length,
-        "use_answerability_head": use_answerability_head,
-        "num_hidden_layers": num_hidden_layers,
-    }
-    options = {name: value for name, value in options.items() if value is not None}
-    if num_hidden_layers is not None and not 0 < num_hidden_layers <= source.num_hidden_layers:
-        raise ValueError(
-            f"num_hidden_layers must be in [1, {source.num_hidden_layers}] (the layers of {src}), got {num_hidden_layers}."
-        )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)  # new weights are drawn from the global generator
-        model, newly_initialized = _converted_model(src, source, loaded_tokenizer, options, hub_kwargs)
-    config = model.config
-    if newly_initialized:  # returned, and printed by the command line: logged once, at info level
-        logger.info("Newly initialised (not in %s): %s; fine-tune before use.", src, ", ".join(newly_initialized))
-    mark_untrained(model, sorted(set(newly_initialized) | set(untrained_weights(model))))  # a source's own too
-
-    card_kwargs = dict(card_data or {})
-    if not Path(src).exists() and "base_model" not in card_kwargs:
-        card_kwargs["base_model"] = str(src)
-    save_for_hub(model, loaded_tokenizer, dst, card_data=card_kwargs, overwrite=overwrite)
-    return ConvertedCheckpoint(Path(dst), config, newly_initialized, loaded_tokenizer is not None, source.model_type)
+        return None
 
 
 def _converted_model(src, source, tokenizer, options, hub_kwargs) -> tuple[ClusterFormerForQuestionAnswering, list[str]]:
@@ -523,6 +529,8 @@ def _converted_model(src, source, tokenizer, options, hub_kwargs) -> tuple[Clust
     else:
         dropped = ("model_type", "architectures", "auto_map", "custom_pipelines", "transformers_version", "_name_or_path")
         values = {k: v for k, v in source.to_dict().items() if k not in dropped}
+    if "layer_types" in options:  # they replace a Cluster-Former source's shortcuts of its layer types
+        values = {k: v for k, v in values.items() if k not in ("cluster_layers", "global_layer_type")}
     config = ClusterFormerConfig(**{**values, **options})
     config.check_position_budget()
     if state is None:
@@ -542,7 +550,7 @@ def _converted_model(src, source, tokenizer, options, hub_kwargs) -> tuple[Clust
     else:
         model = ClusterFormerForQuestionAnswering(config)
         missing = model.load_state_dict(state, strict=False).missing_keys
-    routers = {f"roberta.encoder.routers.{i}." for i in config.cluster_layers}
+    routers = {f"roberta.encoder.routers.{i}." for i in config.global_layers}
     return model, sorted(k for k in missing if not any(k.startswith(r) for r in routers))
 
 

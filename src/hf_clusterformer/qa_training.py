@@ -29,7 +29,7 @@ from transformers import (
 
 from .callback import CentroidUpdateCallback
 from .centroid_updates import CentroidUpdateSettings
-from .configuration_clusterformer import ClusterFormerConfig, required_position_embeddings
+from .configuration_clusterformer import ClusterFormerConfig, ModelOption, model_options, required_position_embeddings
 from .data import build_longrange_tokenizer, build_tokenizer, load_longrange_dataset, load_multipassage_dataset
 from .data.longrange import squad_features
 from .features import misplaced_answers, postprocess_predictions, prepare_train_features, prepare_validation_features
@@ -44,57 +44,64 @@ logger = logging.getLogger(__name__)
 GENERATED = ("longrange", "local")
 
 
-@dataclass
-class ModelArguments:
-    """Which model to start from, and the Cluster-Former options."""
+#: run_qa's notes on a model option's default (where it differs from the config's).
+_DEFAULT_NOTES = {"max_context_length": "--max_seq_length"}
 
-    model_name_or_path: str | None = field(
-        default=None,
-        metadata={"help": "RoBERTa or Cluster-Former checkpoint (directory or Hub id). Omit to train from scratch."},
-    )
-    tokenizer_name: str | None = field(default=None, metadata={"help": "Tokenizer (default: the model's, or one built on the data)."})
-    hidden_size: int = field(default=128, metadata={"help": "From scratch: hidden size."})
-    num_hidden_layers: int = field(default=4, metadata={"help": "From scratch: encoder layers."})
-    num_attention_heads: int = field(default=4, metadata={"help": "From scratch: attention heads."})
-    intermediate_size: int = field(default=512, metadata={"help": "From scratch: feed-forward size."})
-    vocab_size: int = field(default=1300, metadata={"help": "From scratch: size of the BPE vocabulary built on the data."})
-    cluster_layers: list[int] | None = field(
-        default=None, metadata={"help": "0-based global layer indices (default: the paper's placement scaled to the depth)."}
-    )
-    sliding_only: bool = field(default=False, metadata={"help": "No global layers: the sliding-window baseline."})
-    global_layer_type: str = field(default="cluster", metadata={"help": "cluster, lsh or sparse."})
-    num_clusters: int | None = field(default=None, metadata={"help": "Centroids (LSH buckets) per global layer."})
-    window_size: int | None = field(default=None, metadata={"help": "Context tokens per window (l)."})
-    window_stride: int | None = field(default=None, metadata={"help": "Window stride and chunk length (m)."})
-    max_question_length: int | None = field(default=None, metadata={"help": "Question tokens allowed."})
-    dropout: float | None = field(default=None, metadata={"help": "Hidden and attention dropout."})
-    max_context_length: int | None = field(
-        default=None, metadata={"help": "Context tokens a model takes (default: the checkpoint's; from scratch: max_seq_length)."}
-    )
-    overwrite: bool = field(
-        default=False, metadata={"help": "Train into an output_dir that already holds a model: replace it (the whole "
-                                         "folder, in one rename at the end)."}
-    )
-    allow_untrained: bool = field(
-        default=False, metadata={"help": "Evaluate even a QA head that was never trained (smoke tests)."}
-    )
 
-    def __post_init__(self):
+def _model_option_field(option: ModelOption) -> tuple[str, Any, Any]:
+    """A `ModelArguments` field for one model option: ``None`` (a checkpoint's own value, or the config default
+    from scratch) unless given; type and help from `model_options`."""
+    flag_type = list[option.item_type] if option.many else option.item_type
+    note = _DEFAULT_NOTES.get(option.name, None if option.default is None else option.default)
+    text = option.help + ("" if note is None else f" Default: a checkpoint's own, else {note}.")
+    metadata = {"help": text, **({"choices": option.choices} if option.choices else {})}
+    return option.name, flag_type | None, field(default=None, metadata=metadata)
+
+
+def _model_arguments() -> type:
+    """`ModelArguments`: the checkpoint, the sizes of a model from scratch, every model option of
+    `model_options` (derived, as `CentroidArguments` is from `CentroidUpdateSettings`) and run switches."""
+    helps = {
+        "model_name_or_path": "RoBERTa or Cluster-Former checkpoint (directory or Hub id). Omit to train from scratch.",
+        "tokenizer_name": "Tokenizer (default: the model's, or one built on the data).",
+        "hidden_size": "From scratch: hidden size.",
+        "num_hidden_layers": "From scratch: encoder layers.",
+        "num_attention_heads": "From scratch: attention heads.",
+        "intermediate_size": "From scratch: feed-forward size.",
+        "vocab_size": "From scratch: size of the BPE vocabulary built on the data.",
+        "dropout": "Hidden and attention dropout.",
+        "overwrite": "Train into an output_dir that already holds a model: replace it (the whole folder, in one "
+                     "rename at the end).",
+        "allow_untrained": "Evaluate even a QA head that was never trained (smoke tests).",
+    }
+    before = [
+        ("model_name_or_path", str | None, None), ("tokenizer_name", str | None, None), ("hidden_size", int, 128),
+        ("num_hidden_layers", int, 4), ("num_attention_heads", int, 4), ("intermediate_size", int, 512),
+        ("vocab_size", int, 1300),
+    ]
+    after = [("dropout", float | None, None), ("overwrite", bool, False), ("allow_untrained", bool, False)]
+    columns = [(name, kind, field(default=default, metadata={"help": helps[name]})) for name, kind, default in before]
+    columns += [_model_option_field(option) for option in model_options().values()]
+    columns += [(name, kind, field(default=default, metadata={"help": helps[name]})) for name, kind, default in after]
+
+    def __post_init__(self) -> None:
         check_context_length(self.max_context_length, "--max_context_length")
 
     def cluster_options(self) -> dict[str, Any]:
-        """Config overrides given on the command line."""
-        options: dict[str, Any] = {"global_layer_type": self.global_layer_type}
-        if self.sliding_only:
-            options["cluster_layers"] = []
-        elif self.cluster_layers is not None:
-            options["cluster_layers"] = self.cluster_layers
-        for name in ("num_clusters", "window_size", "window_stride", "max_question_length", "max_context_length"):
-            if getattr(self, name) is not None:
-                options[name] = getattr(self, name)
+        """Config overrides given on the command line: the model options set, and ``dropout``."""
+        options = {name: getattr(self, name) for name in model_options() if getattr(self, name) is not None}
         if self.dropout is not None:
             options.update(hidden_dropout_prob=self.dropout, attention_probs_dropout_prob=self.dropout)
         return options
+
+    doc = ("Which model to start from, and the Cluster-Former options (``--cluster_layers`` with no value: no "
+           "global layers, the sliding-window baseline).")
+    namespace = {"__post_init__": __post_init__, "cluster_options": cluster_options, "__doc__": doc,
+                 "__module__": __name__}
+    return make_dataclass("ModelArguments", columns, namespace=namespace)
+
+
+ModelArguments = _model_arguments()
 
 
 @dataclass
@@ -155,7 +162,7 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None, usage_err
 
     With ``usage_errors_raise``, a bad option value raises `ValueError` instead of printing the (long) usage.
     """
-    parser = HfArgumentParser((ModelArguments, DataArguments, CentroidArguments, TrainingArguments), prog=prog)
+    parser = _argument_parser((ModelArguments, DataArguments, CentroidArguments, TrainingArguments), prog=prog)
     if usage_errors_raise:
 
         def error(message: str):
@@ -175,7 +182,18 @@ def print_help(prog: str | None = None, training: bool = False) -> None:
         "Every option of transformers' TrainingArguments applies too (--output_dir, --max_steps, --learning_rate, "
         "--per_device_train_batch_size, --seed, --do_train, --do_eval, ...): see --help-training."
     )
-    HfArgumentParser(classes, prog=prog, epilog=epilog).print_help()
+    _argument_parser(classes, prog=prog, epilog=epilog).print_help()
+
+
+def _argument_parser(classes: tuple[type, ...], **kwargs: Any) -> HfArgumentParser:
+    """The `HfArgumentParser` of ``classes``, where a model option that takes a list also takes none
+    (``--cluster_layers`` alone: ``[]``, as ``clusterformer convert --cluster-layers`` reads it)."""
+    parser = HfArgumentParser(classes, **kwargs)
+    lists = {option.name for option in model_options().values() if option.many}
+    for action in parser._actions:
+        if action.dest in lists:
+            action.nargs = "*"
+    return parser
 
 
 # -- data ---------------------------------------------------------------------------------------------------------
@@ -327,20 +345,20 @@ def load_model(model: ModelArguments, data: DataArguments, tokenizer, seed: int 
     options = model.cluster_options()
     if model.model_name_or_path:
         return load_qa_model(model.model_name_or_path, seed=seed, **options)
-    window = options.get("window_size", 256)
-    question = options.get("max_question_length", 64)
     config = ClusterFormerConfig(
         vocab_size=len(tokenizer),
         hidden_size=model.hidden_size,
         num_hidden_layers=model.num_hidden_layers,
         num_attention_heads=model.num_attention_heads,
         intermediate_size=model.intermediate_size,
-        max_position_embeddings=required_position_embeddings(question, window, tokenizer.pad_token_id),
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         type_vocab_size=1,
         **{"max_context_length": max(data.max_seq_length, 1), **options},
+    )
+    config.max_position_embeddings = required_position_embeddings(
+        config.max_question_length, config.window_size, config.pad_token_id
     )
     return ClusterFormerForQuestionAnswering(config)
 

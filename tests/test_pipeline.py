@@ -372,20 +372,19 @@ def test_long_answers_fall_back_to_sentence_groups(tokenizer, caplog):
     assert "groups of whole sentences" in caplog.text
 
 
-def test_question_prefix_from_sequence_ids_is_the_models_rule(tokenizer):
-    """The pipeline's ``question_lengths`` (`question_prefix_length`) and the model's separator rule
-    (`locate_question_prefix`) find one prefix, for RoBERTa's ``<s> Q </s></s> C </s>`` and BERT's template."""
+def test_the_model_finds_the_question_prefix_the_tokenizer_marks(qa, tokenizer):
+    """The pipeline passes no prefix lengths: the model's one rule (`locate_question_prefix` at
+    ``config.separator_token_id``) finds the prefix the tokenizer's ``sequence_ids`` mark, for RoBERTa's
+    ``<s> Q </s></s> C </s>`` and BERT's template."""
     from transformers import BertTokenizerFast
 
-    from hf_clusterformer.configuration_clusterformer import question_prefix_length
     from hf_clusterformer.modeling_clusterformer import locate_question_prefix
 
+    assert "question_lengths" not in qa.preprocess({"question": QUESTION, "context": CONTEXT})
     words = sorted({w.strip(".,?").lower() for w in " ".join(SENTENCES).split()})
     bert = BertTokenizerFast(vocab={t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", ".", ",", "?", *words])})
-    for encode, sep in ((tokenizer, tokenizer.sep_token_id), (bert, bert.sep_token_id)):
+    for encode in (tokenizer, bert):
         encoding = encode(QUESTION, CONTEXT, return_tensors="pt")
-        prefix, question, _ = locate_question_prefix(encoding["input_ids"] == sep)
-        assert question_prefix_length(encoding.sequence_ids(0)) == int(prefix[0])
-        assert int(question[0]) == encoding.sequence_ids(0).count(0)
-    with pytest.raises(ValueError, match="no context token"):
-        question_prefix_length([None, 0, 0, None])
+        sequence_ids = encoding.sequence_ids(0)
+        prefix, question, _ = locate_question_prefix(encoding["input_ids"] == encode.sep_token_id)
+        assert int(prefix[0]) == sequence_ids.index(1) and int(question[0]) == sequence_ids.count(0)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Sequence
 from typing import Any, get_args
 
 from huggingface_hub.dataclasses import strict
@@ -59,19 +58,6 @@ def suggested_num_clusters(context_tokens: int, window_stride: int, minimum: int
         raise ValueError(f"context_tokens and window_stride must be positive, got {context_tokens}, {window_stride}.")
     needed = max(minimum, -(-context_tokens // window_stride))
     return 1 << (needed - 1).bit_length()
-
-
-def question_prefix_length(sequence_ids: Sequence[int | None]) -> int:
-    """Tokens of the question prefix (``<s> Q </s></s>``, or BERT's ``[CLS] Q [SEP]``) of one pair encoding: those
-    before its first context token, read from a fast tokenizer's ``encoding.sequence_ids()``.
-
-    The model finds the same prefix from the separators (``locate_question_prefix``); the pipeline passes this one
-    as ``question_lengths``, so that separator text inside a question cannot move it.
-    """
-    for index, sequence in enumerate(sequence_ids):
-        if sequence == 1:
-            return index
-    raise ValueError("the encoding has no context token; encode inputs as tokenizer(question, context).")
 
 
 def required_position_embeddings(max_question_length: int, window_size: int, pad_token_id: int | None = 1) -> int:
@@ -399,6 +385,5 @@ __all__ = [
     "QUESTION_PREFIX_SPECIAL_TOKENS",
     "SLIDING_LAYER_TYPE",
     "default_cluster_layers",
-    "question_prefix_length",
     "required_position_embeddings",
 ]

@@ -9,8 +9,9 @@ Outputs follow the old transformers pipeline: ``{"score", "start", "end", "answe
 ``answer == context[start:end]``; a list of them when ``top_k > 1``. With ``long_answer=True`` an example gives
 ``{"short_answers": [...], "long_answers": [...]}``, where long answers are whole paragraphs (NQ style).
 
-This file is self-contained for the Hub (``custom_pipelines`` in ``config.json``): it imports only torch,
-transformers and ``configuration_clusterformer``.
+This file is self-contained for the Hub (``custom_pipelines`` in ``config.json``): it imports only torch and
+transformers. A Cluster-Former model finds the question prefix of each encoding itself (``locate_question_prefix``
+of the modeling file), as in training.
 """
 
 from __future__ import annotations
@@ -29,11 +30,6 @@ import transformers.pipelines as hf_pipelines
 from transformers.pipelines import PIPELINE_REGISTRY
 from transformers.utils import logging
 
-try:  # package import
-    from .configuration_clusterformer import question_prefix_length
-except ImportError:  # Hub copy loaded with trust_remote_code
-    from configuration_clusterformer import question_prefix_length
-
 logger = logging.get_logger(__name__)
 
 TASK = "question-answering"
@@ -41,7 +37,7 @@ TASK = "question-answering"
 PASSAGE_TOKEN = "<p>"
 #: Parameters of the old transformers question-answering pipeline that split contexts; they have no meaning here.
 _SPLITTING_PARAMETERS = ("doc_stride", "max_seq_len", "max_question_len", "padding")
-_MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "question_lengths")
+_MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 _BLANK_LINE = re.compile(r"\n[ \t\r\f\v]*\n")
 _SENTENCE_END = re.compile(r"[.!?][\"')\]]*\s+")
 
@@ -224,7 +220,7 @@ class ClusterFormerQuestionAnsweringPipeline(Pipeline):
     def preprocess(self, example: dict, long_answer: bool = False, passage_token: str = PASSAGE_TOKEN) -> dict:
         """Tokenize one ``{"question", "context"}`` pair without truncation.
 
-        Returns model inputs, each (1, T) (``question_lengths`` (1,)), and per-token metadata for `postprocess`.
+        Returns model inputs, each (1, T), and per-token metadata for `postprocess`.
         """
         question, context = _check_example(example)
         encoding = self.tokenizer(
@@ -245,8 +241,6 @@ class ClusterFormerQuestionAnsweringPipeline(Pipeline):
         if not any(candidate):
             raise ValueError("The context has no token that can start an answer (it is empty or only special tokens).")
         model_inputs = {k: encoding[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in encoding}
-        if getattr(self.model.config, "model_type", None) == "clusterformer":
-            model_inputs["question_lengths"] = torch.tensor([question_prefix_length(sequence_ids)])
         model_inputs.update(
             context=context,
             offsets=offsets,

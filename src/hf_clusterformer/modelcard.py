@@ -249,7 +249,44 @@ def make_model_card(
     if results_dataset is None and datasets:
         results_dataset = {"name": GENERATED_DATASETS.get(datasets[0], {}).get("name", datasets[0]), "type": datasets[0]}
     results = load_results(results, results_dataset) if results else []
-    eval_results = [
+    examples = [dict(example) for example in (widget if widget is not None else default_widget())]
+    question = examples[0].get("text", "Who wrote it?") if examples else "Who wrote it?"
+    hub_datasets, training_data = _split_datasets(datasets, training_data)
+    eval_results = _eval_results(results)
+    data = ModelCardData(
+        library_name="transformers",
+        pipeline_tag="question-answering",
+        license=license,
+        language=language,
+        tags=list(dict.fromkeys([*_DEFAULT_TAGS, *tags])),
+        datasets=hub_datasets or None,
+        base_model=base_model,
+        model_name=name if eval_results else None,
+        eval_results=eval_results or None,
+        widget=examples,
+    )
+    return ModelCard.from_template(
+        data,
+        template_path=str(TEMPLATE),
+        name=name,
+        description=(description or "").strip(),
+        config=config,
+        kinds=config.layer_types,
+        settings=_settings_rows(config, centroids_fitted),
+        centroid_fitting=(centroid_fitting or "").strip(),
+        results=_result_rows(results),
+        hub_datasets=hub_datasets,
+        training_data=(training_data or "").strip(),
+        repo=model_id or "path/to/checkpoint",
+        question=json.dumps(question),
+        citation=CITATION,
+        marker=GENERATED_MARK,
+    )
+
+
+def _eval_results(results: list[dict[str, Any]]) -> list[EvalResult]:
+    """The model-index entries of results from `load_results`: one per dataset and metric."""
+    return [
         EvalResult(
             task_type=entry["task"],
             task_name="Extractive Question Answering",
@@ -264,27 +301,16 @@ def make_model_card(
         for entry in results
         for metric, value in entry["metrics"].items()
     ]
-    examples = [dict(example) for example in (widget if widget is not None else default_widget())]
-    question = examples[0].get("text", "Who wrote it?") if examples else "Who wrote it?"
-    hub_datasets, training_data = _split_datasets(datasets, training_data)
-    data = ModelCardData(
-        library_name="transformers",
-        pipeline_tag="question-answering",
-        license=license,
-        language=language,
-        tags=list(dict.fromkeys([*_DEFAULT_TAGS, *tags])),
-        datasets=hub_datasets or None,
-        base_model=base_model,
-        model_name=name if eval_results else None,
-        eval_results=eval_results or None,
-        widget=examples,
-    )
+
+
+def _settings_rows(config: ClusterFormerConfig, centroids_fitted: Mapping[int, bool] | None) -> list[tuple[str, str]]:
+    """The card's configuration table: (setting, value) rows."""
     kinds = config.layer_types
-    global_layers = [i for i, kind in enumerate(kinds) if kind != "sliding"]
-    settings = [
+    untrained = (getattr(config, "untrained_weights", None) or {}).get("names")
+    return [
         ("Encoder layers", f"{config.num_hidden_layers} (hidden size {config.hidden_size}, "
                            f"{config.num_attention_heads} heads)"),
-        ("Global layers (0-based)", ", ".join(f"{i} ({kinds[i]})" for i in global_layers)
+        ("Global layers (0-based)", ", ".join(f"{i} ({kinds[i]})" for i in config.global_layers)
          or "none (sliding-window layers only)"),
         ("Clusters per global layer", str(config.num_clusters)),
         ("Window size / stride", f"{config.window_size} / {config.window_stride} context tokens"),
@@ -292,31 +318,18 @@ def make_model_card(
         ("Longest context", f"{config.max_context_length:,} tokens"),
         ("Answerability head", "yes" if config.use_answerability_head else "no"),
         *([("QA head", "newly initialised, never trained: fine-tune before use (the pipeline refuses it until then)")]
-          if (getattr(config, "untrained_weights", None) or {}).get("names") else []),
+          if untrained else []),
         ("Centroids", _centroid_state(kinds, centroids_fitted)),
     ]
-    rows = [
+
+
+def _result_rows(results: list[dict[str, Any]]) -> list[tuple[str, str, str, str]]:
+    """The card's results table: (dataset, split, EM, F1) rows."""
+    return [
         (entry["dataset"]["name"], entry["dataset"].get("split") or "-", _fmt(entry["metrics"].get("exact_match")),
          _fmt(entry["metrics"].get("f1")))
         for entry in results
     ]
-    return ModelCard.from_template(
-        data,
-        template_path=str(TEMPLATE),
-        name=name,
-        description=(description or "").strip(),
-        config=config,
-        kinds=kinds,
-        settings=settings,
-        centroid_fitting=(centroid_fitting or "").strip(),
-        results=rows,
-        hub_datasets=hub_datasets,
-        training_data=(training_data or "").strip(),
-        repo=model_id or "path/to/checkpoint",
-        question=json.dumps(question),
-        citation=CITATION,
-        marker=GENERATED_MARK,
-    )
 
 
 def _split_datasets(datasets: Sequence[str], training_data: str | None) -> tuple[list[str], str | None]:

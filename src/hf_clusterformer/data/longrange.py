@@ -390,23 +390,9 @@ def generate_longrange_dataset(
     _check_args(kind, context_tokens, min_gap_tokens, fact_fraction)
     if num_examples < 0:
         raise ValueError(f"num_examples must be >= 0, got {num_examples}")
-    cap = min(len(PLACE_NAMES), len(PERSON_NAMES) // 2)
-    max_chains = cap if max_chains is None else max_chains
-    if not 0 < max_chains <= cap:
-        raise ValueError(f"max_chains must be in [1, {cap}], got {max_chains}")
-    if kind == "twin" and not 3 <= num_facts <= len(PLACE_NAMES):
-        raise ValueError(f"num_facts must be in [3, {len(PLACE_NAMES)}], got {num_facts}")
-    for option, value, choices in (("names", names, tuple(_NAME_POOLS)), ("placement", placement, ("gap", "balanced")),
-                                   ("target", target, ("first", "later"))):
-        if value not in choices:
-            raise ValueError(f"{option} must be one of {choices}, got {value!r}")
-    if kind == "twin" and num_facts > min(len(p) for p in _NAME_POOLS[names]) + 1:
-        raise ValueError(f"num_facts {num_facts} is more than the {names!r} name pools hold")
-    if max_gap_tokens is not None and max_gap_tokens < min_gap_tokens:
-        raise ValueError(f"max_gap_tokens ({max_gap_tokens}) must be >= min_gap_tokens ({min_gap_tokens})")
-    split_id = _SPLIT_IDS.get(split)
-    if split_id is None:
-        split_id = int.from_bytes(split.encode()[:8].ljust(8, b"\0"), "little")
+    max_chains = _max_chains(max_chains)
+    _check_twin_options(kind, num_facts, names, placement, target, min_gap_tokens, max_gap_tokens)
+    split_id = _split_id(split)
     records = []
     for i in range(num_examples):
         rng = np.random.default_rng([seed, _KIND_IDS[kind], split_id, i])
@@ -419,16 +405,54 @@ def generate_longrange_dataset(
                 rng, kind, context_tokens, min_gap_tokens, fact_fraction, max_chains
             )
             starts = [start]
-        records.append(
-            {
-                "id": f"{kind}-{split}-{seed}-{i}",
-                "title": f"{kind}-{split}-{i}",
-                "question": question,
-                "context": context,
-                "answers": {"text": [answer] * len(starts), "answer_start": starts},
-            }
-        )
+        records.append(_record(f"{kind}-{split}", seed, i, question, context, answer, starts))
     return records
+
+
+def _max_chains(max_chains: int | None) -> int:
+    """``max_chains``, checked; ``None``: as many chains as the name pools allow."""
+    cap = min(len(PLACE_NAMES), len(PERSON_NAMES) // 2)
+    max_chains = cap if max_chains is None else max_chains
+    if not 0 < max_chains <= cap:
+        raise ValueError(f"max_chains must be in [1, {cap}], got {max_chains}")
+    return max_chains
+
+
+def _check_twin_options(
+    kind: str, num_facts: int, names: str, placement: str, target: str, min_gap_tokens: int, max_gap_tokens: int | None
+) -> None:
+    """Raise `ValueError` naming the option for invalid ``twin`` options (and their choices for every kind)."""
+    if kind == "twin" and not 3 <= num_facts <= len(PLACE_NAMES):
+        raise ValueError(f"num_facts must be in [3, {len(PLACE_NAMES)}], got {num_facts}")
+    for option, value, choices in (("names", names, tuple(_NAME_POOLS)), ("placement", placement, ("gap", "balanced")),
+                                   ("target", target, ("first", "later"))):
+        if value not in choices:
+            raise ValueError(f"{option} must be one of {choices}, got {value!r}")
+    if kind == "twin" and num_facts > min(len(p) for p in _NAME_POOLS[names]) + 1:
+        raise ValueError(f"num_facts {num_facts} is more than the {names!r} name pools hold")
+    if max_gap_tokens is not None and max_gap_tokens < min_gap_tokens:
+        raise ValueError(f"max_gap_tokens ({max_gap_tokens}) must be >= min_gap_tokens ({min_gap_tokens})")
+
+
+def _split_id(split: str) -> int:
+    """The number a split mixes into the seed: 0, 1, 2 for train, validation, test; other names by their bytes."""
+    split_id = _SPLIT_IDS.get(split)
+    if split_id is None:
+        split_id = int.from_bytes(split.encode()[:8].ljust(8, b"\0"), "little")
+    return split_id
+
+
+def _record(
+    name: str, seed: int, index: int, question: str, context: str, answer: str, starts: list[int]
+) -> dict[str, Any]:
+    """The SQuAD-format record ``index`` of ``name`` (``kind-split``): one answer text per mention offset."""
+    return {
+        "id": f"{name}-{seed}-{index}",
+        "title": f"{name}-{index}",
+        "question": question,
+        "context": context,
+        "answers": {"text": [answer] * len(starts), "answer_start": starts},
+    }
 
 
 def longrange_corpus(num_examples: int = 200, seed: int = 0,

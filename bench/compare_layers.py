@@ -29,7 +29,7 @@ import logging
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import datasets
@@ -39,9 +39,17 @@ from safetensors.torch import load_file
 from transformers import TrainingArguments, set_seed
 
 from hf_clusterformer import ClusterFormerConfig, ClusterFormerForQuestionAnswering
-from hf_clusterformer.configuration_clusterformer import required_position_embeddings
+from hf_clusterformer.configuration_clusterformer import model_options, required_position_embeddings
 from hf_clusterformer.data import build_longrange_tokenizer, generate_longrange_dataset
-from hf_clusterformer.qa_training import CentroidArguments, DataArguments, ModelArguments, run
+from hf_clusterformer.qa_training import (
+    SMALL_MODEL_CENTROIDS,
+    DataArguments,
+    ModelArguments,
+    centroid_arguments,
+    centroid_flag_options,
+    run,
+)
+from hf_clusterformer_cli_support import add_option_flags
 
 SPLITS = ("longrange", "local")
 PAPER_CLUSTERS = (64, 256, 512)
@@ -78,9 +86,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--hidden_size", type=int, default=64)
     add("--num_hidden_layers", type=int, default=4)
     add("--num_attention_heads", type=int, default=4)
-    add("--cluster_layers", type=int, nargs="+", default=[2], help="global layers of the type comparison (0-based)")
-    add("--window_size", type=int, default=48)
-    add("--window_stride", type=int, default=40)
+    model = model_options()
+    recipe = {"cluster_layers": [2], "window_size": 48, "window_stride": 40}  # the global layers of the type comparison
+    add_option_flags(parser, [model[name] for name in recipe], defaults=recipe, dashes=False)
     add("--initializer_range", type=float, default=0.1)
     add("--vocab_size", type=int, default=1300)
     add("--cluster_scale", type=int, default=2, help="#C and LSH buckets are the paper's 64/256/512 divided by this")
@@ -90,9 +98,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--batch_size", type=int, default=16)
     add("--epochs", type=float, default=2.0)
     add("--max_steps", type=int, default=-1, help="optimizer steps (overrides --epochs when > 0)")
-    add("--centroid_update_steps", type=int, default=50)
-    add("--centroid_backend", default="torch", help="torch is bit-reproducible on CPU; faiss-cpu is faster")
-    add("--memory_size", type=int, default=20_000)
+    centroids = centroid_flag_options(replace(SMALL_MODEL_CENTROIDS, backend="torch"))  # torch: bit-reproducible on CPU
+    add_option_flags(parser, centroids, defaults={option.name: option.default for option in centroids}, dashes=False)
     add("--max_answer_length", type=int, default=5)
     add("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     add("--results_dir", default=None, help="default bench/results (bench/results/quick with --quick)")
@@ -171,11 +178,8 @@ def initial_checkpoint(args: argparse.Namespace, variant: Variant, seed: int, to
 def train_and_evaluate(args, variant: Variant, seed: int, tokenizer, data: dict[str, Path], work: Path, log) -> dict:
     """One seed of one variant: `qa_training.run` trains and scores long-range, a second call scores local."""
     init = initial_checkpoint(args, variant, seed, tokenizer, work)
-    model_args = ModelArguments(model_name_or_path=str(init), global_layer_type=variant.kind)
-    centroid_args = CentroidArguments(
-        centroid_update_steps=args.centroid_update_steps, centroid_update_epochs=None, memory_size=args.memory_size,
-        centroid_backend=args.centroid_backend, max_capture_per_forward=2048,
-    )
+    model_args = ModelArguments(model_name_or_path=str(init))
+    centroid_args = centroid_arguments(args)
     common = dict(
         per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=32, learning_rate=args.learning_rate,
         num_train_epochs=args.epochs, max_steps=args.max_steps, warmup_steps=0.1, lr_scheduler_type="linear",
@@ -193,7 +197,7 @@ def train_and_evaluate(args, variant: Variant, seed: int, tokenizer, data: dict[
                 train_samples=0, eval_samples=0, max_seq_length=16384, max_answer_length=args.max_answer_length,
             )
             if not training:
-                model_args = ModelArguments(model_name_or_path=str(output), global_layer_type=variant.kind)
+                model_args = ModelArguments(model_name_or_path=str(output))
             training_args = TrainingArguments(output_dir=str(output), do_train=training, do_eval=True, **common)
             metrics = run(model_args, data_args, centroid_args, training_args)
             scores[split] = {"exact_match": metrics["eval_exact_match"], "f1": metrics["eval_f1"]}

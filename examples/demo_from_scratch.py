@@ -31,12 +31,19 @@ from transformers import TrainingArguments, set_seed
 
 from hf_clusterformer import CentroidUpdateCallback, ClusterFormerConfig, ClusterFormerForQuestionAnswering
 from hf_clusterformer import pipeline as qa_pipeline
-from hf_clusterformer.configuration_clusterformer import required_position_embeddings
+from hf_clusterformer.configuration_clusterformer import model_options, required_position_embeddings
 from hf_clusterformer.data import build_longrange_tokenizer, generate_longrange_dataset, squad_features
 from hf_clusterformer.features import prepare_train_features
 from hf_clusterformer.hub import save_for_hub
 from hf_clusterformer.inspection import inspect_clusters
-from hf_clusterformer.qa_training import DataArguments, make_trainer, predict_answers
+from hf_clusterformer.qa_training import (
+    DataArguments,
+    centroid_arguments,
+    centroid_flag_options,
+    make_trainer,
+    predict_answers,
+)
+from hf_clusterformer_cli_support import add_option_flags
 
 
 def parse_args() -> argparse.Namespace:
@@ -50,15 +57,15 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max_chains", type=int, default=3, help="chains (candidate answers) per context")
     parser.add_argument("--hidden_size", type=int, default=64)
     parser.add_argument("--num_hidden_layers", type=int, default=4)
-    parser.add_argument("--cluster_layers", type=int, nargs="+", default=[2])
-    parser.add_argument("--num_clusters", type=int, default=32)
-    parser.add_argument("--window_size", type=int, default=48)
-    parser.add_argument("--window_stride", type=int, default=40)
+    model = model_options()
+    recipe = {"cluster_layers": [2], "num_clusters": 32, "window_size": 48, "window_stride": 40}
+    add_option_flags(parser, [model[name] for name in recipe], defaults=recipe, dashes=False)
     parser.add_argument("--initializer_range", type=float, default=0.1)
     parser.add_argument("--learning_rate", type=float, default=1e-3)
     parser.add_argument("--batch_size", type=int, default=16)
     parser.add_argument("--max_steps", type=int, default=1200, help="long-context optimizer steps of each model")
-    parser.add_argument("--centroid_update_steps", type=int, default=50)
+    centroids = centroid_flag_options()  # the small models' settings (qa_training.SMALL_MODEL_CENTROIDS)
+    add_option_flags(parser, centroids, defaults={option.name: option.default for option in centroids}, dashes=False)
     warmup = parser.add_argument_group("warm-up (stage 1: short contexts of a window or two)")
     warmup.add_argument("--warmup_steps", type=int, default=3000, help="0 skips the warm-up")
     warmup.add_argument("--warmup_context_tokens", type=int, nargs=2, default=(45, 70))
@@ -159,10 +166,7 @@ def train_in_process(name: str, layers: list[int], args: argparse.Namespace, sho
             continue
         callbacks = []
         if layers:
-            callbacks.append(
-                CentroidUpdateCallback(update_every_steps=args.centroid_update_steps, update_every_epochs=None,
-                                       memory_size=20_000, max_capture_per_forward=2048, seed=args.seed)
-            )
+            callbacks.append(CentroidUpdateCallback(centroid_arguments(args).settings(), seed=args.seed))
         training_args = training_arguments(args, output_dir / name, steps, learning_rate, show_progress)
         trainer = make_trainer(model, training_args, tokenize(examples, tokenizer), tokenizer, callbacks)
         trainer.train()
@@ -185,7 +189,9 @@ def train_in_process(name: str, layers: list[int], args: argparse.Namespace, sho
         ],
     }
     if layers:
-        card["centroid_fitting"] = f"spherical K-Means every {args.centroid_update_steps} steps on a bank of 20k states"
+        card["centroid_fitting"] = (
+            f"spherical K-Means every {args.centroid_update_steps} steps on a bank of {args.memory_size:,} states"
+        )
     save_for_hub(model, tokenizer, path, card_data=card)  # weights, code, tokenizer and card: `clusterformer push` takes it
     return {"scores": scores, "train_seconds": round(train_seconds, 1), "path": str(path), "colocation": colocation}
 

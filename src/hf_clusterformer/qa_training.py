@@ -14,7 +14,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field, fields, make_dataclass
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, get_args, get_type_hints
 
 import datasets
 import torch
@@ -155,6 +155,30 @@ def _centroid_arguments() -> type:
 
 
 CentroidArguments = _centroid_arguments()
+
+#: Centroid settings of the small models trained from scratch (examples/demo_from_scratch.py,
+#: bench/compare_layers.py): a refit every 50 optimizer steps from a bank of 20k states, 2048 banked per forward.
+SMALL_MODEL_CENTROIDS = CentroidUpdateSettings(
+    update_every_epochs=None, update_every_steps=50, memory_size=20_000, max_capture_per_forward=2048
+)
+
+
+def centroid_flag_options(settings: CentroidUpdateSettings = SMALL_MODEL_CENTROIDS) -> list[ModelOption]:
+    """The options of `CENTROID_FLAGS` as rows for `hf_clusterformer_cli_support.add_option_flags` (a script's
+    argparse flags): run_qa's flag names, the option's type and help, and its value in ``settings`` as default."""
+    types = get_type_hints(CentroidUpdateSettings)
+    helps = {f.name: f.metadata["help"] for f in fields(CentroidUpdateSettings)}
+    rows = []
+    for flag, name in CENTROID_FLAGS.items():
+        item = next((t for t in get_args(types[name]) if t is not type(None)), types[name])
+        rows.append(ModelOption(name=flag, type=types[name], default=getattr(settings, name), help=helps[name],
+                                item_type=item, many=False))
+    return rows
+
+
+def centroid_arguments(values: Any) -> CentroidArguments:
+    """`CentroidArguments` from an object (a script's parsed arguments) with one attribute per `CENTROID_FLAGS`."""
+    return CentroidArguments(**{flag: getattr(values, flag) for flag in CENTROID_FLAGS})
 
 
 def parse_args(argv: list[str] | None = None, prog: str | None = None, usage_errors_raise: bool = False):
@@ -545,9 +569,13 @@ def main(argv: list[str] | None = None, prog: str | None = None, usage_errors_ra
 
 
 __all__ = [
+    "CENTROID_FLAGS",
     "CentroidArguments",
     "DataArguments",
     "ModelArguments",
+    "SMALL_MODEL_CENTROIDS",
+    "centroid_arguments",
+    "centroid_flag_options",
     "load_model",
     "load_raw_datasets",
     "load_tokenizer",

@@ -147,13 +147,16 @@ def inspect_clusters(
         layer: encoder layer index of a cluster/LSH layer (default: the first one).
     """
     config = model.config
-    global_layers = [i for i, layer_type in enumerate(config.layer_types) if layer_type in ("cluster", "lsh")]
-    if not global_layers:
-        raise ValueError("This model has no cluster or LSH layers to inspect (config.cluster_layers is empty).")
+    routed_layers = [i for i, layer_type in enumerate(config.layer_types) if layer_type in ("cluster", "lsh")]
+    if not routed_layers:
+        raise ValueError(
+            f"This model has no cluster or LSH layers to inspect (layer_types {config.layer_types}); give a model "
+            "with a cluster layer."
+        )
     if layer is None:
-        layer = global_layers[0]
-    if layer not in global_layers:
-        raise ValueError(f"Layer {layer} is not a cluster/LSH layer; choose one of {global_layers}.")
+        layer = routed_layers[0]
+    if layer not in routed_layers:
+        raise ValueError(f"Layer {layer} is not a cluster/LSH layer; choose one of {routed_layers}.")
     if not context.strip():
         raise ValueError("The context is empty.")
     if not question.strip():
@@ -169,7 +172,7 @@ def inspect_clusters(
         output_cluster_assignments=True,
     )
     model.train(was_training)
-    ids = outputs.cluster_assignments[global_layers.index(layer)][0].cpu()  # (L,)
+    ids = outputs.cluster_assignments[routed_layers.index(layer)][0].cpu()  # (L,)
     token_index = outputs.window_token_index[0].cpu()  # (K, S)
     slots = token_index.shape[1]
     tokens = tokenizer.convert_ids_to_tokens(encoding["input_ids"][0])

@@ -456,11 +456,10 @@ def predict_answers(
 # -- main ---------------------------------------------------------------------------------------------------------
 
 
-#: Config values of the model a run trained or evaluated, recorded in ``all_results.json``.
+#: Config values of the model a run trained or evaluated, recorded in ``all_results.json``: its sizes and every
+#: model option.
 _RECORDED_CONFIG = (
-    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "layer_types",
-    "cluster_layers", "global_layer_type", "num_clusters", "window_size", "window_stride", "max_question_length",
-    "max_context_length", "use_answerability_head",
+    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", *model_options(),
 )
 
 

@@ -209,3 +209,31 @@ def test_routed_layers_run_only_chunks_with_representative_slots():
     assert torch.equal(restored[kept], states[kept] * 2) and torch.equal(restored[~kept], states[~kept])
     with pytest.raises(ValueError, match="pass fill"):
         unsort_from_chunks(chunks, order, 23)
+
+
+def test_a_bert_checkpoint_given_to_from_pretrained_names_the_loader_that_maps_it(tmp_path):
+    from transformers import BertConfig, BertModel
+
+    from hf_clusterformer import ClusterFormerForQuestionAnswering
+    from hf_clusterformer.hub import load_qa_model
+
+    BertModel(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=32, max_position_embeddings=64)).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"BERT-family checkpoint.*load_qa_model.*clusterformer convert"):
+        ClusterFormerForQuestionAnswering.from_pretrained(tmp_path)
+    assert load_qa_model(tmp_path, window_size=16, window_stride=12, max_question_length=8).config.model_type == "clusterformer"
+
+
+def test_input_ids_that_are_not_token_ids_get_one_line_naming_them():
+    from helpers import pad_batch, random_example, tiny_config
+
+    from hf_clusterformer import ClusterFormerModel
+
+    model = ClusterFormerModel(tiny_config()).eval()
+    ids, mask = pad_batch([random_example(torch.Generator().manual_seed(0), 3, 20)])
+    with pytest.raises(TypeError, match="input_ids must hold integer token ids, got dtype torch.float32"):
+        model(input_ids=ids.float(), attention_mask=mask)
+    with pytest.raises(ValueError, match=r"token id 100, outside the vocabulary \(0..99\)"):
+        model(input_ids=ids.masked_fill(ids == ids[0, 5], 100), attention_mask=mask)
+    with pytest.raises(ValueError, match="token id -3"):
+        model(input_ids=ids.masked_fill(ids == ids[0, 5], -3), attention_mask=mask)

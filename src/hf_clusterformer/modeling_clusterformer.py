@@ -904,6 +904,14 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
             raise ValueError("ClusterFormerModel needs exactly one of input_ids and inputs_embeds; pass one of them.")
         if input_ids is not None and input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}.")
+        if input_ids is not None and (input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool):
+            raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}; pass the "
+                            "tokenizer's ids (e.g. return_tensors='pt') or input_ids.long().")
+        if input_ids is not None and input_ids.numel() and not torch.compiler.is_compiling():
+            low, high = int(input_ids.min()), int(input_ids.max())
+            if low < 0 or high >= config.vocab_size:
+                raise ValueError(f"input_ids holds token id {low if low < 0 else high}, outside the vocabulary "
+                                 f"(0..{config.vocab_size - 1}); encode the text with this model's tokenizer.")
         if inputs_embeds is not None and inputs_embeds.dim() != 3:
             raise ValueError(f"inputs_embeds must be (batch, length, hidden), got shape {tuple(inputs_embeds.shape)}.")
         reference = input_ids if input_ids is not None else inputs_embeds[..., 0]

@@ -9,6 +9,7 @@ data and steps and hands the runs to `hf_clusterformer.experiment.report`. One r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -350,19 +351,31 @@ def save_model(model, tokenizer, setup: RunSetup, variant: str) -> None:
                  card_data={k: v for k, v in card.items() if v is not None}, overwrite=setup.overwrite)
 
 
+@contextlib.contextmanager
+def quiet_transformers():
+    """transformers' loading reports and progress bars off (they would bury the progress lines), then as before."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
 def run_one(setup: RunSetup, variant: str, seed: int, train_seconds: float | None = None) -> dict:
     """Fine-tune one variant with one seed through every stage, evaluate it, and save it for the first seed.
 
     With ``train_seconds`` and no step plan yet, this run times steps 10-30 of each stage and, when the stage would
     take more than its share, trains fewer steps; ``setup.step_plan`` then makes every later run train as many.
     """
-    from transformers.utils import logging as hf_logging
-
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # loading reports of every run would bury the progress lines
     if setup.threads:
         torch.set_num_threads(setup.threads)
-    try:
+    with quiet_transformers():
         preset, label = setup.preset, f"{variant}/seed {seed}"
         model, tokenizer = load_variant(setup, variant, seed)
         updater = None
@@ -388,8 +401,6 @@ def run_one(setup: RunSetup, variant: str, seed: int, train_seconds: float | Non
         return {"variant": variant, "seed": seed, "scores": scores, "train_seconds": round(trained_seconds, 1),
                 "eval_seconds": round(time.time() - state["started"] - trained_seconds, 1), "log": state["log"],
                 "curve": curve.points, "steps": {s.name: setup.steps(s) for s in preset.stages}}
-    finally:
-        hf_logging.set_verbosity(verbosity)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -475,8 +486,9 @@ def compare(
     setup = RunSetup(preset, resolve_pretrained(preset, pretrained, work), work, device,
                      torch.bfloat16 if device.type == "cuda" else torch.float32, threads,
                      output if save_models else None, overwrite)
-    for variant in preset.variants:  # every variant is converted once, up front
-        build_model(setup.source, work, preset, variant)
+    with quiet_transformers():
+        for variant in preset.variants:  # every variant is converted once, up front
+            build_model(setup.source, work, preset, variant)
     queue, first_part = run_queue(preset)
     runs: list[dict] = []
     skipped: list[str] = []

@@ -95,17 +95,12 @@ def make_preset(name: str) -> Preset:
             eval_samples=6, train_samples=16, seeds=[0], variants=["clusterformer", "sliding", "lsh", "sparse"],
             centroid_update_steps=2, memory_size=2000, time_budget=120, num_facts=4, curve_every=3, curve_samples=4,
         )
-    if name == "demo":
-        far = {"twin": _twin(260, 320, 200), "local": _chains(260, 320, 200)}
-        return Preset(
-            pretrained="minilm", window_size=32, window_stride=28, cluster_layers=[3], num_clusters=64,
-            stages=[
-                Stage("near", {"twin": _twin(120, 160, 0, 10), "local": _chains(60, 90, 5)}, 150, 4, 1e-4),
-                Stage("far", far, 150, 4, 5e-5),
-            ],
-            eval=far, eval_samples=100, train_samples=2000, seeds=[0], variants=["clusterformer", "sliding"],
-            centroid_update_steps=50, memory_size=20_000, time_budget=600,
-        )
+    if name == "demo":  # the study's data and model at a 10-minute CPU budget: one seed, fewer steps
+        preset = make_preset("study")
+        preset.stages[0].steps, preset.stages[1].steps = 150, 200
+        preset.seeds, preset.variants = [0], ["clusterformer", "sliding"]
+        preset.curve_samples, preset.time_budget = 50, 600
+        return preset
     if name == "study":  # the long-range study's CPU baseline: no positional shortcut, one-token names, curves
         far = {"twin": _balanced(150, 180, 100), "local": _chains(150, 180, 100)}
         return Preset(

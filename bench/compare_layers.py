@@ -64,13 +64,17 @@ QUICK = dict(
 
 @dataclass
 class Variant:
-    """One row of the table: a global layer type at given layers."""
+    """One row of the table: a layer type at given layers, sliding-window layers elsewhere."""
 
     name: str
-    kind: str  # cluster, lsh or sparse ("cluster" with no layers is the sliding-window model)
+    layer_type: str  # "cluster", "lsh" or "sparse" at ``layers``; "sliding" (no layers) for the sliding-window model
     layers: list[int]
     num_clusters: int
     runs: list[dict] = field(default_factory=list)
+
+    def layer_types(self, depth: int) -> list[str]:
+        """``config.layer_types`` of this row's model of ``depth`` layers."""
+        return [self.layer_type if layer in self.layers else "sliding" for layer in range(depth)]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -119,7 +123,7 @@ def make_variants(args: argparse.Namespace) -> list[Variant]:
     c64, c256, c512 = (max(2, c // args.cluster_scale) for c in PAPER_CLUSTERS)
     lsh_buckets = c64 + c64 % 2  # LSH needs an even number of buckets (±projections)
     variants = [
-        Variant("Sliding window", "cluster", [], c64),
+        Variant("Sliding window", "sliding", [], c64),
         Variant("Sparse Attention", "sparse", layers, c64),
         Variant(f"Locality-Sensitive Hashing (#B={lsh_buckets})", "lsh", layers, lsh_buckets),
         *(Variant(f"Cluster-Former (#C={c})", "cluster", layers, c) for c in (c64, c256, c512)),
@@ -164,7 +168,7 @@ def initial_checkpoint(args: argparse.Namespace, variant: Variant, seed: int, to
         type_vocab_size=1,
         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         initializer_range=args.initializer_range, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-        cluster_layers=variant.layers, global_layer_type=variant.kind, num_clusters=variant.num_clusters,
+        layer_types=variant.layer_types(args.num_hidden_layers), num_clusters=variant.num_clusters,
         window_size=args.window_size, window_stride=args.window_stride, max_question_length=QUESTION_TOKENS,
         max_context_length=16384,
     )
@@ -228,7 +232,7 @@ def table(variants: list[Variant], args: argparse.Namespace) -> str:
             for metric in ("exact_match", "f1"):
                 cells.append(mean_std([r["scores"][split][metric] for r in variant.runs]))
         cells.append(f"{statistics.mean(r['train_seconds'] for r in variant.runs):.1f}")
-        if variant.kind == "cluster" and variant.layers and not all(r["centroids_fitted"] for r in variant.runs):
+        if variant.layer_type == "cluster" and not all(r["centroids_fitted"] for r in variant.runs):
             cells[0] += " *"
             unfitted = True
         lines.append("| " + " | ".join(cells) + " |")

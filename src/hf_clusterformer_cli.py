@@ -1,7 +1,8 @@
 """The ``clusterformer`` command: train, evaluate, predict, inspect, convert, push and card.
 
 A top-level module so that the command starts without importing ``hf_clusterformer`` (torch, transformers):
-``clusterformer --help`` and usage errors are instant; each subcommand imports what it needs.
+``clusterformer --help`` and the usage errors of predict, inspect and push are instant; each subcommand imports what
+it needs (convert's model options and train's flags come from the library's config).
 ``python -m hf_clusterformer_cli`` is the same command.
 """
 

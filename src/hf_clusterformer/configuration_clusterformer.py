@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import re
 from typing import Any, get_args
 
@@ -362,8 +363,7 @@ def model_options() -> dict[str, ModelOption]:
     helps = _docstring_fields(ClusterFormerConfig.__doc__ or "")
     defaults = {f.name: f.default for f in dataclasses.fields(ClusterFormerConfig)}
     table = {}
-    for name, annotation in ClusterFormerConfig.__dict__["__annotations__"].items():
-        annotation = eval(annotation, globals()) if isinstance(annotation, str) else annotation  # noqa: S307
+    for name, annotation in inspect.get_annotations(ClusterFormerConfig, eval_str=True).items():
         alternatives = [t for t in (get_args(annotation) or (annotation,)) if t is not type(None)]
         scalars = [t for t in alternatives if not get_args(t)]
         lists = [get_args(t)[0] for t in alternatives if get_args(t)]

@@ -8,6 +8,9 @@ Examples:
     # from scratch on the generated long-range data
     python examples/run_qa.py --dataset longrange --output_dir out --do_train --do_eval \
         --num_hidden_layers 4 --cluster_layers 2 --num_clusters 32 --window_size 64 --window_stride 48
+    # its sliding-window baseline: ``--cluster_layers`` with no value (or ``--layer_types``, one type per layer)
+    python examples/run_qa.py --dataset longrange --output_dir out-sliding --do_train --do_eval \
+        --num_hidden_layers 4 --cluster_layers --window_size 64 --window_stride 48
 
     # from a RoBERTa checkpoint on local SQuAD-format files
     python examples/run_qa.py --model_name_or_path ./roberta-base --train_file train.json \

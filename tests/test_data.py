@@ -298,3 +298,13 @@ def test_twin_options_are_checked():
         generate_longrange_dataset(1, 0, (150, 180), "twin", min_gap_tokens=10, placement="middle")
     with pytest.raises(ValueError, match="names"):
         generate_longrange_dataset(1, 0, (150, 180), "twin", min_gap_tokens=10, names="greek")
+
+
+@pytest.mark.parametrize("placement", ["gap", "balanced"])
+def test_twin_target_later_lists_the_later_mention_first(placement):
+    options = dict(min_gap_tokens=100, num_facts=20, names="words", placement=placement)
+    first = generate_longrange_dataset(20, 0, (150, 180), "twin", target="first", **options)
+    later = generate_longrange_dataset(20, 0, (150, 180), "twin", target="later", **options)
+    for a, b in zip(first, later):
+        assert a["context"] == b["context"] and a["answers"]["answer_start"][::-1] == b["answers"]["answer_start"]
+        assert b["answers"]["answer_start"][0] > b["answers"]["answer_start"][1]

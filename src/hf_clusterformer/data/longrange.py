@@ -277,10 +277,10 @@ def _generate_twin(
         facts = np.flatnonzero(kinds < 0)
         return _fill_twin(rng, kinds, facts, first, second, num_facts, person_names, place_names, target)
     for _ in range(1000):
-        target = int(rng.integers(context_tokens[0], context_tokens[1] + 1))
+        length = int(rng.integers(context_tokens[0], context_tokens[1] + 1))
         fillers = []
         total = 0
-        while total < target - num_facts * _FACT_LEN:
+        while total < length - num_facts * _FACT_LEN:
             fillers.append(int(rng.integers(len(_FILLERS))))
             total += int(_FILLER_LEN[fillers[-1]])
         kinds = np.array(fillers + [-1] * num_facts)[rng.permutation(len(fillers) + num_facts)]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from hf_clusterformer.centroid_updates import CentroidUpdateSettings
 from hf_clusterformer.experiment import PRESETS, VARIANTS, Stage, compare, make_preset
 
 
@@ -50,7 +51,11 @@ def main(argv: list[str] | None = None) -> dict:
             parser.error(f"--set {item}: the recipe has no field {key!r}; use FIELD=JSON")
         try:
             value = json.loads(value)
-            setattr(preset, key, [Stage(**stage) for stage in value] if key == "stages" else value)
+            if key == "stages":
+                value = [Stage(**stage) for stage in value]
+            elif key == "centroids":
+                value = CentroidUpdateSettings.build(preset.centroids, **value)
+            setattr(preset, key, value)
         except (ValueError, TypeError) as error:
             parser.error(f"--set {item}: {error}; give the field's value as JSON")
     if args.seeds:

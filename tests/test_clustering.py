@@ -405,12 +405,12 @@ def test_settings_are_validated_and_shared_with_keyword_overrides():
     updater = CentroidUpdater(tiny_qa(), settings, seed=3)
     assert updater.settings.seed == 3 and updater.settings.update_every_steps == 4 and settings.seed == 0
     assert updater.banks[2].capacity == 64 and updater.banks[2].dtype is torch.float32
-    assert CentroidUpdater(tiny_qa(), update_every=2).settings.update_every_steps == 2
+    assert CentroidUpdater(tiny_qa(), update_every_steps=2).settings.update_every_steps == 2
     with pytest.raises(ValueError, match="update_every_steps must be positive"):
-        CentroidUpdater(tiny_qa(), update_every=0)
+        CentroidUpdater(tiny_qa(), update_every_steps=0)
     with pytest.raises(ValueError, match="Unknown centroid update option.*memory_sise.*valid options: .*memory_size"):
         CentroidUpdater(tiny_qa(), memory_sise=10)
-    with pytest.raises(ValueError, match="not both"):
-        CentroidUpdater(tiny_qa(), update_every=2, update_every_steps=2)
+    with pytest.raises(ValueError, match=r"Unknown centroid update option\(s\) \['update_every'\]"):
+        CentroidUpdater(tiny_qa(), update_every=2)  # one spelling: update_every_steps
     with pytest.raises(ValueError, match="settings must be a CentroidUpdateSettings"):
         CentroidUpdater(tiny_qa(), 5)

@@ -45,7 +45,7 @@ def test_far_twin_mentions_lie_beyond_the_sliding_stacks_reach():
     """Every recipe's far questions keep their two mentions further apart than its windows can relay."""
     for name in ("demo", "study", "cpu", "gpu"):
         preset = make_preset(name)
-        sliding_layers = preset.num_layers or 6  # MiniLM has 6 layers
+        sliding_layers = preset.num_hidden_layers or 6  # MiniLM has 6 layers
         for kind, options in [*preset.stages[-1].data.items(), *preset.eval.items()]:
             if kind in ("twin", "longrange"):
                 assert options["min_gap_tokens"] > sliding_layers * preset.window_size, (name, kind)

@@ -28,7 +28,7 @@ from hf_clusterformer.data.tokenizer import build_tokenizer
 from hf_clusterformer.hub import (
     CODE_FILES,
     check_hub_checkpoint,
-    convert_roberta_checkpoint,
+    convert_checkpoint,
     hub_auto_map,
     hub_code_imports,
     push_model,
@@ -271,7 +271,7 @@ def _roberta_source(tmp_path, tokenizer, head=True):
 
 def test_convert_roberta_qa_checkpoint_keeps_its_logits(tmp_path, tokenizer):
     roberta, source = _roberta_source(tmp_path, tokenizer)
-    converted = convert_roberta_checkpoint(
+    converted = convert_checkpoint(
         source, tmp_path / "converted", cluster_layers=[], window_size=48, window_stride=40, max_question_length=16,
         max_context_length=2048,
     )
@@ -288,7 +288,7 @@ def test_convert_roberta_qa_checkpoint_keeps_its_logits(tmp_path, tokenizer):
 
 def test_convert_sets_the_cluster_options_and_reports_new_heads(tmp_path, tokenizer):
     _, source = _roberta_source(tmp_path, tokenizer, head=False)
-    converted = convert_roberta_checkpoint(
+    converted = convert_checkpoint(
         source, tmp_path / "converted", cluster_layers=[1], num_clusters=4, window_size=32, window_stride=24,
         max_question_length=16, card_data={"model_id": "user/converted", "base_model": "FacebookAI/roberta-base"},
     )
@@ -303,11 +303,11 @@ def test_convert_sets_the_cluster_options_and_reports_new_heads(tmp_path, tokeni
     assert "base_model: FacebookAI/roberta-base" in card and "not fitted" in card
 
     with pytest.raises(ValueError, match="position embeddings"):
-        convert_roberta_checkpoint(source, tmp_path / "too-wide", window_size=64, window_stride=48, max_question_length=16)
+        convert_checkpoint(source, tmp_path / "too-wide", window_size=64, window_stride=48, max_question_length=16)
     gpt2 = tmp_path / "gpt2"
     GPT2Config(vocab_size=50, n_embd=16, n_layer=1, n_head=2).save_pretrained(gpt2)
     with pytest.raises(ValueError, match="'gpt2' checkpoint; convertible types are roberta, bert, clusterformer"):
-        convert_roberta_checkpoint(gpt2, tmp_path / "from-gpt2")
+        convert_checkpoint(gpt2, tmp_path / "from-gpt2")
 
 
 def test_loading_a_roberta_checkpoint_extends_it_without_a_type_warning(tmp_path, tokenizer):

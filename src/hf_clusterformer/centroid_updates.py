@@ -21,7 +21,7 @@ from torch import nn
 from .kmeans import ClusterStats, all_reduce_sum, default_process_group, spherical_kmeans
 from .modeling_clusterformer import ClusterRouter
 
-__all__ = ["CentroidUpdateSettings", "CentroidUpdater", "MemoryBank", "find_cluster_routers"]
+__all__ = ["SMALL_MODEL_CENTROIDS", "CentroidUpdateSettings", "CentroidUpdater", "MemoryBank", "find_cluster_routers"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -187,6 +187,13 @@ class CentroidUpdateSettings:
         return replace(settings or cls(), **options)
 
 
+#: Centroid settings of the small models (generated data, run_qa's from-scratch models, the experiments): refit
+#: every 50 steps over a bank of 20k states, at most 2048 captured per forward.
+SMALL_MODEL_CENTROIDS = CentroidUpdateSettings(
+    update_every_epochs=None, update_every_steps=50, memory_size=20_000, max_capture_per_forward=2048
+)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Updater
 # ----------------------------------------------------------------------------------------------------------------
@@ -221,7 +228,6 @@ class CentroidUpdater:
         model: a Cluster-Former model (or a wrapper with ``.module``).
         settings: the options (default `CentroidUpdateSettings()`); ``update_every_epochs`` and
             ``save_memory_bank`` are ignored here.
-        update_every: refit period in steps, or None (same as the ``update_every_steps`` option).
         process_group: ``"auto"`` (the default group when world size > 1), None (local only) or a process group.
         layers: cluster layer indices to manage (default: all).
         **options: `CentroidUpdateSettings` fields overriding ``settings`` (``memory_size=...``, ``backend=...``;
@@ -233,15 +239,10 @@ class CentroidUpdater:
         model: nn.Module,
         settings: CentroidUpdateSettings | None = None,
         *,
-        update_every: int | None = None,
         process_group: Any = "auto",
         layers: Iterable[int] | None = None,
         **options: Any,
     ):
-        if update_every is not None:
-            if "update_every_steps" in options:
-                raise ValueError("Pass update_every or update_every_steps, not both (they are the same option).")
-            options["update_every_steps"] = update_every
         self.settings = CentroidUpdateSettings.build(settings, **options)
         routers = find_cluster_routers(model)
         if layers is not None:

@@ -49,7 +49,6 @@ __all__ = [
     "writing_model_dir",
     "check_hub_checkpoint",
     "convert_checkpoint",
-    "convert_roberta_checkpoint",
     "hub_auto_map",
     "hub_files",
     "hub_code_imports",
@@ -586,10 +585,6 @@ def load_qa_model(
             new = [key for key in info["missing_keys"] if ".routers." not in key]
     mark_untrained(model, sorted(set(new) | set(untrained_weights(model))))
     return model
-
-
-#: The former name of `convert_checkpoint`, kept for existing callers.
-convert_roberta_checkpoint = convert_checkpoint
 
 
 def push_model(

@@ -28,7 +28,7 @@ from transformers import (
 )
 
 from .callback import CentroidUpdateCallback
-from .centroid_updates import CentroidUpdateSettings
+from .centroid_updates import SMALL_MODEL_CENTROIDS, CentroidUpdateSettings
 from .configuration_clusterformer import ClusterFormerConfig, ModelOption, model_options, required_position_embeddings
 from .data import build_longrange_tokenizer, build_tokenizer, load_longrange_dataset, load_multipassage_dataset
 from .data.longrange import squad_features
@@ -155,12 +155,6 @@ def _centroid_arguments() -> type:
 
 
 CentroidArguments = _centroid_arguments()
-
-#: Centroid settings of the small models trained from scratch (examples/demo_from_scratch.py,
-#: bench/compare_layers.py): a refit every 50 optimizer steps from a bank of 20k states, 2048 banked per forward.
-SMALL_MODEL_CENTROIDS = CentroidUpdateSettings(
-    update_every_epochs=None, update_every_steps=50, memory_size=20_000, max_capture_per_forward=2048
-)
 
 
 def centroid_flag_options(settings: CentroidUpdateSettings = SMALL_MODEL_CENTROIDS) -> list[ModelOption]:

@@ -6,7 +6,9 @@ splits; `make_preset` names the recipes that ``bench/reproduce_longrange.py`` an
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+
+from ..centroid_updates import SMALL_MODEL_CENTROIDS, CentroidUpdateSettings
 
 __all__ = ["MAIN_VARIANTS", "PRESETS", "Preset", "Stage", "VARIANTS", "VARIANT_LAYER_TYPE", "VARIANT_OPTIONS",
            "make_preset"]
@@ -26,6 +28,12 @@ VARIANT_OPTIONS = {"clusterformer-prefix": {"chunk_question_prefix": True}}
 MAIN_VARIANTS = ("clusterformer", "clusterformer-prefix", "sliding")
 
 
+
+
+def centroid_settings(update_every_steps: int, memory_size: int) -> CentroidUpdateSettings:
+    """The small models' centroid settings (`SMALL_MODEL_CENTROIDS`) refitted every ``update_every_steps`` over a bank
+    of ``memory_size`` states, with the torch K-Means (the same on every machine)."""
+    return replace(SMALL_MODEL_CENTROIDS, update_every_steps=update_every_steps, memory_size=memory_size, backend="torch")
 
 
 @dataclass
@@ -53,13 +61,12 @@ class Preset:
     seeds: list[int]
     variants: list[str]
     extra_variant_seeds: int = 1  # LSH / sparse run on this many seeds
-    centroid_update_steps: int = 50
-    memory_size: int = 20_000
+    centroids: CentroidUpdateSettings = field(default_factory=lambda: centroid_settings(50, 20_000))
     max_answer_length: int = 8
     time_budget: float = 3600.0
     max_question_length: int = 16
     num_facts: int = 16
-    num_layers: int | None = None  # keep the first N pretrained layers (None: all)
+    num_hidden_layers: int | None = None  # keep the first N pretrained layers (None: all)
     frozen_layers: int = 0  # embeddings and the first N layers are not trained
     schedule: str = "linear"  # "linear": warm-up then linear decay to 0 per stage; "constant": warm-up then constant
     warmup_steps: int | None = None  # per stage (None: 5% of its steps)
@@ -93,7 +100,7 @@ def make_preset(name: str) -> Preset:
             ],
             eval={"twin": _twin(70, 90, 30, num_facts=4), "longrange": _chains(70, 90, 30), "local": _chains(70, 90, 30)},
             eval_samples=6, train_samples=16, seeds=[0], variants=["clusterformer", "sliding", "lsh", "sparse"],
-            centroid_update_steps=2, memory_size=2000, time_budget=120, num_facts=4, curve_every=3, curve_samples=4,
+            centroids=centroid_settings(2, 2000), time_budget=120, num_facts=4, curve_every=3, curve_samples=4,
         )
     if name == "demo":  # the study's data and model at a 10-minute CPU budget: one seed, fewer steps
         preset = make_preset("study")
@@ -111,7 +118,7 @@ def make_preset(name: str) -> Preset:
             ],
             eval=far, eval_samples=100, train_samples=3000, seeds=[0, 1],
             variants=["clusterformer", "clusterformer-prefix", "sliding"], frozen_layers=3,
-            centroid_update_steps=50, memory_size=20_000, time_budget=3600, num_facts=20,
+            time_budget=3600, num_facts=20,
             schedule="constant", warmup_steps=30, curve_every=50, curve_samples=100,
         )
     if name == "study-gpu":  # the study recipe with 3 seeds and ~10x the examples, for one GPU
@@ -119,7 +126,7 @@ def make_preset(name: str) -> Preset:
         preset.stages[0].steps, preset.stages[0].batch_size = 400, 16
         preset.stages[1].steps, preset.stages[1].batch_size = 800, 16
         preset.seeds, preset.eval_samples, preset.curve_every, preset.curve_samples = [0, 1, 2], 200, 100, 200
-        preset.memory_size, preset.centroid_update_steps, preset.time_budget = 50_000, 100, 500
+        preset.centroids, preset.time_budget = centroid_settings(100, 50_000), 500
         return preset
     if name == "cpu":
         far = {"twin": _twin(350, 450, 200), "longrange": _chains(350, 450, 200), "local": _chains(350, 450, 200)}
@@ -130,7 +137,7 @@ def make_preset(name: str) -> Preset:
                 Stage("far", far, 400, 8, 5e-5),
             ],
             eval=far, eval_samples=150, train_samples=3000, seeds=[0], variants=["clusterformer", "sliding"],
-            centroid_update_steps=50, memory_size=20_000, time_budget=3600,
+            time_budget=3600,
         )
     if name == "gpu":
         far = {"twin": _twin(1000, 2500, 400), "longrange": _chains(1000, 2500, 400), "local": _chains(1000, 2500, 400)}
@@ -142,7 +149,7 @@ def make_preset(name: str) -> Preset:
             ],
             eval=far, eval_samples=200, train_samples=6000, seeds=[0, 1, 2],
             variants=["clusterformer", "sliding", "lsh", "sparse"],
-            centroid_update_steps=100, memory_size=50_000, time_budget=460,
+            centroids=centroid_settings(100, 50_000), time_budget=460,
         )
     raise ValueError(f"unknown preset {name!r}; choose {', '.join(PRESETS)}.")
 

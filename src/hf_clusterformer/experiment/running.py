@@ -106,7 +106,7 @@ def build_model(source: Path, work: Path, preset: Preset, variant: str) -> Path:
             global_layer_type=layer_type or "cluster", num_clusters=preset.num_clusters,
             window_size=preset.window_size, window_stride=preset.window_stride,
             max_question_length=preset.max_question_length, max_context_length=1 << 17,
-            num_hidden_layers=preset.num_layers,
+            num_hidden_layers=preset.num_hidden_layers,
         )
     return path
 
@@ -380,8 +380,7 @@ def run_one(setup: RunSetup, variant: str, seed: int, train_seconds: float | Non
         model, tokenizer = load_variant(setup, variant, seed)
         updater = None
         if any(t == "cluster" for t in model.config.layer_types):
-            updater = CentroidUpdater(model, memory_size=preset.memory_size, backend="torch", seed=seed,
-                                      update_every_steps=preset.centroid_update_steps, max_capture_per_forward=2048)
+            updater = CentroidUpdater(model, preset.centroids, seed=seed)
         state = {"generator": torch.Generator().manual_seed(seed), "updater": updater, "log": [], "global_step": 0,
                  "curve": LearningCurve(preset, label), "started": time.time()}
         for stage in preset.stages:

@@ -31,7 +31,8 @@ def test_smoke_recipe_trains_every_variant_and_writes_its_report(tmp_path):
         assert all(0 <= point["twin_em"] <= 100 for point in run["curve"])
     assert all(p["twin_shared_chunk"] is not None for p in runs["clusterformer"]["curve"])
     assert all(p["twin_shared_chunk"] is None for p in runs["sliding"]["curve"])
-    assert set(result["meta"]["positional_shortcuts"]) == {"first_fact", "last_fact", "best_fact_slot", "chance"}
+    assert set(result["meta"]["positional_shortcuts"]) == {"first_fact", "last_fact", "best_fact_slot", "chance",
+                                                           "random_mention"}
     assert "Learning curves" in (tmp_path / "results.md").read_text() and (tmp_path / "curves.png").stat().st_size > 0
     assert result["meta"]["device"] == "cpu" and result["meta"]["skipped"] == []
     table = (tmp_path / "results.md").read_text()
@@ -112,7 +113,7 @@ def test_positional_shortcuts_count_fact_slots():
     records = [{"context": "A lives in X. B lives in Y. C lives in X. D lives in Z.", "answers": {"text": ["X"]}},
                {"context": "A lives in Y. B lives in Z. C lives in W. D lives in Z.", "answers": {"text": ["Z"]}}]
     assert positional_shortcuts(records) == {"first_fact": 50.0, "last_fact": 50.0, "best_fact_slot": 50.0,
-                                             "chance": 33.3}
+                                             "chance": 33.3, "random_mention": 50.0}
 
 
 def test_learning_rate_schedules_and_cluster_layer_groups():

@@ -14,7 +14,7 @@ __all__ = ["plot_curves", "positional_shortcuts", "summarise", "write_report"]
 def positional_shortcuts(records: list[dict]) -> dict[str, float]:
     """EM of answering ``twin`` questions by fact position alone, on ``records``: always the first fact's place, the
     last fact's, and the best single fact slot (looked up on these very records, so an upper bound), beside chance
-    (``1 / distinct places``)."""
+    (``1 / distinct places``) and a uniformly drawn mention (``2 / facts``: the twin is named twice)."""
     hits = []
     for record in records:
         places = re.findall(r"\w+ lives in (\w+)\.", record["context"])
@@ -22,7 +22,8 @@ def positional_shortcuts(records: list[dict]) -> dict[str, float]:
     width = min(len(h) for h in hits)
     rate = 100.0 * np.array([h[:width] for h in hits], dtype=float).mean(axis=0)
     return {"first_fact": round(float(rate[0]), 1), "last_fact": round(float(rate[-1]), 1),
-            "best_fact_slot": round(float(rate.max()), 1), "chance": round(100.0 / (width - 1), 1)}
+            "best_fact_slot": round(float(rate.max()), 1), "chance": round(100.0 / (width - 1), 1),
+            "random_mention": round(200.0 / width, 1)}
 
 
 
@@ -60,7 +61,8 @@ def write_report(output: Path, runs: list[dict], meta: dict, kinds: list[str]) -
     if shortcuts:
         markdown += (f"\nPositional shortcuts on the same twin questions: first fact {shortcuts['first_fact']:.1f}, "
                      f"last fact {shortcuts['last_fact']:.1f}, best single fact slot {shortcuts['best_fact_slot']:.1f} "
-                     f"(chance {shortcuts['chance']:.1f}).\n")
+                     f"(chance {shortcuts['chance']:.1f} over places, {shortcuts.get('random_mention', 0):.1f} for a "
+                     "uniformly drawn mention).\n")
     curves = [run for run in runs if run.get("curve")]
     if curves:
         markdown += ("\nLearning curves (one-hop far EM on held-out questions, and on the first stage's near ones; "

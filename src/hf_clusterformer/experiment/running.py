@@ -91,7 +91,7 @@ def resolve_pretrained(preset: Preset, pretrained: str | os.PathLike | None, wor
         corpus = [r["question"] + " " + r["context"] for kind, options in preset.eval.items()
                   for r in generate(kind, options, 20, "corpus", 0, preset.num_facts)]
         return tiny_bert(work / "tiny-bert", corpus)
-    from .pretrained import fetch_pretrained
+    from ..pretrained import fetch_pretrained
 
     return fetch_pretrained(cache_dir=pretrained)
 

@@ -220,3 +220,12 @@ def test_suggested_num_clusters_grows_with_the_context():
     assert suggested_num_clusters(100, 224) == 16
     with pytest.raises(ValueError, match="must be positive"):
         suggested_num_clusters(0, 224)
+
+
+def test_the_pretrained_recipes_start_from_the_cached_minilm(tmp_path):
+    from hf_clusterformer.experiment import make_preset
+    from hf_clusterformer.experiment.running import resolve_pretrained
+
+    source = _cached_minilm()
+    for name in ("demo", "study", "cpu", "gpu"):
+        assert resolve_pretrained(make_preset(name), None, tmp_path) == source

@@ -314,6 +314,9 @@ def sort_into_chunks(
         chunk_valid: (B * C, m) bool;
         order: (B, C * m) long, the flat slot each chunk position came from (the sorting permutation,
         padded with indices >= L that point at appended empty slots).
+
+    Chunk positions of appended empty slots hold a copy of slot L - 1 (no padded copy of ``states`` is made);
+    they are invalid, so attention never lets them reach a valid slot, and `unsort_from_chunks` drops them.
     """
     batch, length, hidden = states.shape
     total_chunks = max(1, math.ceil(length / chunk_size))
@@ -321,9 +324,9 @@ def sort_into_chunks(
     padded = total_chunks * chunk_size
     if padded > length:
         ids = F.pad(ids, (0, padded - length), value=sentinel)
-        states = F.pad(states, (0, 0, 0, padded - length))
     order = torch.sort(ids, dim=1, stable=True).indices[:, : num_chunks * chunk_size]  # (B, C*m)
-    sorted_states = torch.gather(states, 1, order.unsqueeze(-1).expand(-1, -1, hidden))
+    source = order.clamp(max=length - 1) if padded > length else order
+    sorted_states = torch.gather(states, 1, source.unsqueeze(-1).expand(-1, -1, hidden))
     chunk_valid = torch.gather(ids, 1, order) != sentinel
     return (
         sorted_states.view(batch * num_chunks, chunk_size, hidden),
@@ -348,9 +351,9 @@ def unsort_from_chunks(
         if kept < length:
             raise ValueError(f"unsort_from_chunks got {kept} of {length} slots; pass fill for the others.")
         base = torch.empty_like(flat)
-    else:
-        base = F.pad(fill, (0, 0, 0, padded - length))
-    restored = base.scatter(1, order.unsqueeze(-1).expand(-1, -1, hidden), flat)
+    else:  # a new tensor (``fill`` stays as it is), written in place below
+        base = F.pad(fill, (0, 0, 0, padded - length)) if padded > length else fill.clone()
+    restored = base.scatter_(1, order.unsqueeze(-1).expand(-1, -1, hidden), flat)
     return restored[:, :length]
 
 

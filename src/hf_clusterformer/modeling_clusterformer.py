@@ -4,7 +4,9 @@ Reading guide, top to bottom:
 
 1. Windowing: a pair encoding ``<s> Q </s></s> C </s>`` becomes K windows ``[<s> Q </s></s>; C[m*k : m*k + l]]``
    (`build_window_layout`); window states go back to token order by averaging every copy of a token
-   (`windows_to_tokens`) and forth again by gathering (`tokens_to_windows`).
+   (`windows_to_tokens`) and forth again by gathering (`tokens_to_windows`). Between layers, when every token lies
+   in at most two windows (l <= 2m), only the l - m copies each pair of neighbouring windows shares are merged, in
+   place (`overlap_slots`, `merge_overlaps_`); `share_context_states` is the general form.
 2. Sorting: states with cluster ids are stably sorted by (id, position), cut into chunks of ``m``, and put
    back by scattering with the same permutation (`sort_into_chunks`, `unsort_from_chunks`).
 3. Routers map states to ids: `ClusterRouter` (cosine argmax against K-Means centroids, paper eq. 4) and

@@ -208,6 +208,24 @@ def test_centroids_initialised_ordered_and_warned_once(caplog):
     assert sum("never fitted" in r.message for r in caplog.records) == 2  # once per cluster layer
 
 
+def test_fitted_flag_is_read_back_until_settled_and_again_after_loading(caplog):
+    """Eval forwards stop reading ``fitted`` from the device once it was found set; loading buffers resets that."""
+    model = ClusterFormerModel(tiny_config()).eval()
+    router = model.cluster_routers()[2]
+    router.fitted.fill_(True)
+    ids = torch.tensor([pair_encoding([5], [6, 7, 8])])
+    with caplog.at_level(logging.WARNING):
+        model(ids)
+    assert router._seen_fitted and "never fitted" not in caplog.text
+    state = model.state_dict()
+    state["encoder.routers.2.fitted"] = torch.tensor(False)
+    model.load_state_dict(state)
+    assert not router._seen_fitted
+    with caplog.at_level(logging.WARNING):
+        model(ids)
+    assert "never fitted" in caplog.text
+
+
 def test_cosine_assignment_is_fp32_under_autocast():
     model = ClusterFormerModel(tiny_config()).eval()
     router = model.cluster_routers()[2]

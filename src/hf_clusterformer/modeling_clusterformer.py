@@ -268,8 +268,9 @@ def merge_overlaps_(window_states: torch.Tensor, overlap: tuple[torch.Tensor, to
     """`share_context_states` for ``m < l <= 2m``, reading and writing only the overlapping copies (in place).
 
     One gather of the 2N overlapping copies and one scatter back (`index_select` / `index_copy_` over the flattened
-    slots, whose backward needs no saved states, so the update can be in place): with ``owner_only`` (after a routed layer) the
-    tail copy takes its owner's (the head's) state; otherwise (sliding and sparse layers) both take their mean.
+    slots, whose backward needs no saved states, so the update can be in place): with ``owner_only`` (after a
+    routed layer) the tail copy takes its owner's (the head's) state; otherwise (sliding and sparse layers) both
+    take their mean.
     Single copies, question copies and padding are untouched, so the result equals `share_context_states` with
     ``sources = layout.owner`` or ``layout.is_context``.
 

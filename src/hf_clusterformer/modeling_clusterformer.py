@@ -906,20 +906,7 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
             tensors: prefix lengths, real lengths and the index of the first real token.
         """
         config = self.config
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("ClusterFormerModel needs exactly one of input_ids and inputs_embeds; pass one of them.")
-        if input_ids is not None and input_ids.dim() != 2:
-            raise ValueError(f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}.")
-        if input_ids is not None and (input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool):
-            raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}; pass the "
-                            "tokenizer's ids (e.g. return_tensors='pt') or input_ids.long().")
-        if input_ids is not None and input_ids.numel() and not torch.compiler.is_compiling():
-            low, high = int(input_ids.min()), int(input_ids.max())
-            if low < 0 or high >= config.vocab_size:
-                raise ValueError(f"input_ids holds token id {low if low < 0 else high}, outside the vocabulary "
-                                 f"(0..{config.vocab_size - 1}); encode the text with this model's tokenizer.")
-        if inputs_embeds is not None and inputs_embeds.dim() != 3:
-            raise ValueError(f"inputs_embeds must be (batch, length, hidden), got shape {tuple(inputs_embeds.shape)}.")
+        self._check_inputs(input_ids, inputs_embeds)
         reference = input_ids if input_ids is not None else inputs_embeds[..., 0]
         batch, length = reference.shape
         device = reference.device
@@ -954,21 +941,43 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
         last = (starts + lengths - 1).clamp(min=0).unsqueeze(1)
         context = lengths - prefix - torch.gather(is_sep, 1, last).squeeze(1).long()  # without the closing separator
         stats = torch.stack([prefix, lengths, question, context, one_block.long(), found.long()]).tolist()
-        prefixes, totals, questions, contexts, one_block_ok, found_ok = stats
+        self._check_rows(*stats[2:], "input_ids" if input_ids is not None else "inputs_embeds")
+        return stats[0], stats[1], prefix, lengths, starts
+
+    def _check_inputs(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None) -> None:
+        """One of (B, T) integer ``input_ids`` within the vocabulary or (B, T, d) ``inputs_embeds``, else one line."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("ClusterFormerModel needs exactly one of input_ids and inputs_embeds; pass one of them.")
+        if inputs_embeds is not None:
+            if inputs_embeds.dim() != 3:
+                raise ValueError(f"inputs_embeds must be (batch, length, hidden), got shape {tuple(inputs_embeds.shape)}.")
+            return
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}.")
+        if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+            raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}; pass the "
+                            "tokenizer's ids (e.g. return_tensors='pt') or input_ids.long().")
+        if input_ids.numel() and not torch.compiler.is_compiling():
+            low, high = int(input_ids.min()), int(input_ids.max())
+            if low < 0 or high >= self.config.vocab_size:
+                raise ValueError(f"input_ids holds token id {low if low < 0 else high}, outside the vocabulary "
+                                 f"(0..{self.config.vocab_size - 1}); encode the text with this model's tokenizer.")
+
+    def _check_rows(self, questions: list[int], contexts: list[int], one_block_ok: list[int], found_ok: list[int],
+                    what: str) -> None:
+        """Every row one block of tokens with a separator, its question and context within the configured limits."""
         if not all(one_block_ok):
             raise ValueError(
                 f"attention_mask row {one_block_ok.index(0)} mixes padding into the tokens; pad on one side only "
                 "(right-padded or left-padded, as tokenizers do)."
             )
         if not all(found_ok):
-            what = "input_ids" if input_ids is not None else "inputs_embeds"
             raise ValueError(
                 f"{what} row {found_ok.index(0)} has no separator token, so the question cannot be found; encode inputs "
                 "as tokenizer(question, context) or pass question_lengths."
             )
         for row in {questions.index(max(questions)), contexts.index(min(contexts)), contexts.index(max(contexts))}:
-            config.check_input_lengths(questions[row], contexts[row], where=f"row {row}")
-        return prefixes, totals, prefix, lengths, starts
+            self.config.check_input_lengths(questions[row], contexts[row], where=f"row {row}")
 
     # -- forward ------------------------------------------------------------------------------------------------
 
@@ -1003,11 +1012,7 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
             `ClusterFormerModelOutput`.
         """
         config = self.config
-        unsupported = set(kwargs) - {"position_ids", "cache", "use_cache", "past_key_values"}
-        if unsupported:
-            raise TypeError(f"ClusterFormerModel.forward got unexpected arguments {sorted(unsupported)}.")
-        if kwargs.get("position_ids") is not None:
-            raise ValueError("position_ids are not supported: positions restart in every window; leave them out.")
+        self._check_extra_arguments(kwargs)
         output_hidden_states = config.output_hidden_states if output_hidden_states is None else output_hidden_states
         output_attentions = config.output_attentions if output_attentions is None else output_attentions
         return_dict = config.return_dict if return_dict is None else return_dict
@@ -1024,27 +1029,8 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
         layout = build_window_layout(
             prefix, lengths, size, stride, num_windows, max(prefixes), padding_idx=config.pad_token_id, starts=starts
         )
-        batch, windows, slots = layout.token_index.shape
         length = (input_ids if input_ids is not None else inputs_embeds).shape[1]
-
-        flat_index = layout.token_index.view(batch, -1)
-        window_ids = window_embeds = window_types = None
-        if input_ids is not None:
-            window_ids = torch.gather(input_ids, 1, flat_index).view(batch, windows, slots)
-            window_ids = window_ids.masked_fill(~layout.valid, config.pad_token_id).view(-1, slots)
-        else:
-            window_embeds = tokens_to_windows(inputs_embeds, layout).view(batch * windows, slots, -1)
-        if token_type_ids is not None:
-            window_types = torch.gather(token_type_ids, 1, flat_index).view(-1, slots)
-        elif config.pair_token_types:  # BERT's pair types: 0 for the question prefix, 1 for the context
-            window_types = layout.is_context.long().view(-1, slots)
-        states = self.embeddings(
-            input_ids=window_ids,
-            position_ids=layout.position_ids.view(-1, slots),
-            token_type_ids=window_types,
-            inputs_embeds=window_embeds,
-        ).view(batch, windows, slots, -1)
-
+        states = self._embed_windows(input_ids, inputs_embeds, token_type_ids, layout)
         encoded = self.encoder(
             states,
             layout,
@@ -1057,7 +1043,7 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
         states = encoded.last_hidden_state
         sequence_output = windows_to_tokens(states, layout, layout.valid, length)
         window_exists = layout.valid[:, :, 0].unsqueeze(-1).to(states.dtype)  # (B, K, 1)
-        window_starts = (states[:, :, 0] * window_exists).sum(1) / window_exists.sum(1)  # (B, d)
+        window_starts = (states[:, :, 0] * window_exists).sum(1) / window_exists.sum(1)  # (B, d), mean <s> state
         pooled = self.pooler(window_starts.unsqueeze(1)) if self.pooler is not None else window_starts
         token_index = layout.token_index.masked_fill(~layout.valid, -1) if output_cluster_assignments else None
         result = ClusterFormerModelOutput(
@@ -1069,6 +1055,44 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
             window_token_index=token_index,
         )
         return result if return_dict else result.to_tuple()
+
+    @staticmethod
+    def _check_extra_arguments(kwargs: dict) -> None:
+        """Only RoBERTa's cache arguments (ignored) may come along; ``position_ids`` are refused in one line."""
+        unsupported = set(kwargs) - {"position_ids", "cache", "use_cache", "past_key_values"}
+        if unsupported:
+            raise TypeError(f"ClusterFormerModel.forward got unexpected arguments {sorted(unsupported)}.")
+        if kwargs.get("position_ids") is not None:
+            raise ValueError("position_ids are not supported: positions restart in every window; leave them out.")
+
+    def _embed_windows(
+        self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, token_type_ids: torch.Tensor | None,
+        layout: WindowLayout,
+    ) -> torch.Tensor:
+        """RoBERTa's embeddings of every window as a standalone input: (B, T) ids or (B, T, d) embeddings -> (B, K, S, d).
+
+        Token types: the given (B, T) ones, else with ``config.pair_token_types`` 0 for the question prefix and 1 for
+        the context (BERT's pair template), else RoBERTa's default.
+        """
+        config = self.config
+        batch, windows, slots = layout.token_index.shape
+        flat_index = layout.token_index.view(batch, -1)
+        window_ids = window_embeds = window_types = None
+        if input_ids is not None:
+            window_ids = torch.gather(input_ids, 1, flat_index).view(batch, windows, slots)
+            window_ids = window_ids.masked_fill(~layout.valid, config.pad_token_id).view(-1, slots)
+        else:
+            window_embeds = tokens_to_windows(inputs_embeds, layout).view(batch * windows, slots, -1)
+        if token_type_ids is not None:
+            window_types = torch.gather(token_type_ids, 1, flat_index).view(-1, slots)
+        elif config.pair_token_types:
+            window_types = layout.is_context.long().view(-1, slots)
+        return self.embeddings(
+            input_ids=window_ids,
+            position_ids=layout.position_ids.view(-1, slots),
+            token_type_ids=window_types,
+            inputs_embeds=window_embeds,
+        ).view(batch, windows, slots, -1)
 
 
 @dataclass

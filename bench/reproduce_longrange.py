@@ -46,7 +46,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     preset = make_preset(args.preset)
     for item in args.set:
-        key, _, value = item.partition("=")
+        key, equals, value = item.partition("=")
+        if not equals:
+            parser.error(f"--set {item}: give FIELD=JSON, e.g. cluster_lr_scale=10")
         if not hasattr(preset, key):
             parser.error(f"--set {item}: the recipe has no field {key!r}; use FIELD=JSON")
         try:

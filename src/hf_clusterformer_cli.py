@@ -452,25 +452,10 @@ def _quiet(verbose: bool, datasets_bars: bool = False) -> Iterator[None]:
     if verbose:
         yield
         return
-    from transformers.utils import logging as hf_logging
+    from hf_clusterformer.hub import quiet_loading
 
-    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    datasets_logging = None
-    if datasets_bars:
-        from datasets.utils import logging as datasets_logging
-
-        datasets_enabled = datasets_logging.is_progress_bar_enabled()
-        datasets_logging.disable_progress_bar()
-    try:
+    with quiet_loading(datasets_bars):
         yield
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars:
-            hf_logging.enable_progress_bar()
-        if datasets_logging is not None and datasets_enabled:
-            datasets_logging.enable_progress_bar()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -55,6 +55,7 @@ __all__ = [
     "load_qa_model",
     "prepare_for_hub",
     "push_model",
+    "quiet_loading",
     "save_for_hub",
     "write_checkpoint",
 ]
@@ -179,6 +180,31 @@ def prepare_for_hub(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase |
         needed = model.config.max_input_length
         if (tokenizer.model_max_length or 0) < needed:
             tokenizer.model_max_length = needed
+
+
+@contextlib.contextmanager
+def quiet_loading(datasets_bars: bool = False) -> Iterator[None]:
+    """transformers' loading/saving reports below errors and its progress bars off (``datasets_bars``: the
+    ``datasets`` ones too) for the block, then as before; this package's own warnings still show."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    datasets_logging = None
+    if datasets_bars:
+        from datasets.utils import logging as datasets_logging
+
+        datasets_enabled = datasets_logging.is_progress_bar_enabled()
+        datasets_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+        if datasets_logging is not None and datasets_enabled:
+            datasets_logging.enable_progress_bar()
 
 
 def save_for_hub(

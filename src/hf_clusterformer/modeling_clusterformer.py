@@ -940,12 +940,19 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
             question, found = prefix - QUESTION_PREFIX_SPECIAL_TOKENS, torch.ones_like(one_block)
         last = (starts + lengths - 1).clamp(min=0).unsqueeze(1)
         context = lengths - prefix - torch.gather(is_sep, 1, last).squeeze(1).long()  # without the closing separator
-        stats = torch.stack([prefix, lengths, question, context, one_block.long(), found.long()]).tolist()
-        self._check_rows(*stats[2:], "input_ids" if input_ids is not None else "inputs_embeds")
+        stats = torch.stack([prefix, lengths, question, context, one_block.long(), found.long()])
+        check_ids = input_ids is not None and input_ids.numel() > 0
+        if check_ids:  # the id range comes back with the lengths: one read-back per forward
+            bounds = torch.stack([input_ids.min(), input_ids.max()]).to(stats.dtype)
+            stats = torch.cat([stats, bounds.view(2, 1).expand(2, batch)])
+        stats = stats.tolist()
+        if check_ids:
+            self._check_token_ids(stats[6][0], stats[7][0])
+        self._check_rows(*stats[2:6], "input_ids" if input_ids is not None else "inputs_embeds")
         return stats[0], stats[1], prefix, lengths, starts
 
     def _check_inputs(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None) -> None:
-        """One of (B, T) integer ``input_ids`` within the vocabulary or (B, T, d) ``inputs_embeds``, else one line."""
+        """One of (B, T) integer ``input_ids`` or (B, T, d) ``inputs_embeds``, else one line."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("ClusterFormerModel needs exactly one of input_ids and inputs_embeds; pass one of them.")
         if inputs_embeds is not None:
@@ -957,11 +964,12 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
         if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
             raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}; pass the "
                             "tokenizer's ids (e.g. return_tensors='pt') or input_ids.long().")
-        if input_ids.numel() and not torch.compiler.is_compiling():
-            low, high = int(input_ids.min()), int(input_ids.max())
-            if low < 0 or high >= self.config.vocab_size:
-                raise ValueError(f"input_ids holds token id {low if low < 0 else high}, outside the vocabulary "
-                                 f"(0..{self.config.vocab_size - 1}); encode the text with this model's tokenizer.")
+
+    def _check_token_ids(self, low: int, high: int) -> None:
+        """The smallest and largest input id lie within the vocabulary, else one line naming the id."""
+        if low < 0 or high >= self.config.vocab_size:
+            raise ValueError(f"input_ids holds token id {low if low < 0 else high}, outside the vocabulary "
+                             f"(0..{self.config.vocab_size - 1}); encode the text with this model's tokenizer.")
 
     def _check_rows(self, questions: list[int], contexts: list[int], one_block_ok: list[int], found_ok: list[int],
                     what: str) -> None:

@@ -9,7 +9,6 @@ data and steps and hands the runs to `hf_clusterformer.experiment.report`. One r
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import platform
@@ -25,7 +24,7 @@ import torch
 from ..centroid_updates import CentroidUpdater
 from ..data.longrange import generate_longrange_dataset
 from ..features import prepare_train_features, prepare_validation_features
-from ..hub import check_output_dir, convert_checkpoint, save_for_hub
+from ..hub import check_output_dir, convert_checkpoint, quiet_loading, save_for_hub
 from ..modeling_clusterformer import ClusterFormerForQuestionAnswering
 from ..pipeline import rank_spans
 from .recipes import MAIN_VARIANTS, PRETRAINED_ORIGIN, VARIANT_LAYER_TYPE, VARIANT_OPTIONS, Preset, Stage
@@ -307,7 +306,7 @@ def train_stage(model, tokenizer, setup: RunSetup, stage: Stage, seed: int, stat
     steps = setup.steps(stage)
     warmup = max(1, preset.warmup_steps or steps // 20)
     factor = learning_rate_factor(preset.schedule, warmup, steps)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: factor(step))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
     share = train_seconds * stage.steps / sum(s.steps for s in preset.stages) if train_seconds else None
     model.train()
     order, position, losses, step = torch.randperm(len(data), generator=state["generator"]).tolist(), 0, [], 0
@@ -351,22 +350,6 @@ def save_model(model, tokenizer, setup: RunSetup, variant: str) -> None:
                  card_data={k: v for k, v in card.items() if v is not None}, overwrite=setup.overwrite)
 
 
-@contextlib.contextmanager
-def quiet_transformers():
-    """transformers' loading reports and progress bars off (they would bury the progress lines), then as before."""
-    from transformers.utils import logging as hf_logging
-
-    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars:
-            hf_logging.enable_progress_bar()
-
-
 def run_one(setup: RunSetup, variant: str, seed: int, train_seconds: float | None = None) -> dict:
     """Fine-tune one variant with one seed through every stage, evaluate it, and save it for the first seed.
 
@@ -375,7 +358,7 @@ def run_one(setup: RunSetup, variant: str, seed: int, train_seconds: float | Non
     """
     if setup.threads:
         torch.set_num_threads(setup.threads)
-    with quiet_transformers():
+    with quiet_loading():
         preset, label = setup.preset, f"{variant}/seed {seed}"
         model, tokenizer = load_variant(setup, variant, seed)
         updater = None
@@ -485,7 +468,7 @@ def compare(
     setup = RunSetup(preset, resolve_pretrained(preset, pretrained, work), work, device,
                      torch.bfloat16 if device.type == "cuda" else torch.float32, threads,
                      output if save_models else None, overwrite)
-    with quiet_transformers():
+    with quiet_loading():
         for variant in preset.variants:  # every variant is converted once, up front
             build_model(setup.source, work, preset, variant)
     queue, first_part = run_queue(preset)

@@ -348,3 +348,31 @@ def test_config_defaults_and_validation():
             ClusterFormerConfig(**bad)
     with pytest.raises(ValueError, match="max_question_length"):
         ClusterFormerModel(ClusterFormerConfig(max_question_length=400))
+
+
+def test_windows_without_overlap_after_a_cluster_layer_run_a_batch_of_two():
+    """Regression: with l == m the unsorted states of a padded batch were a non-contiguous slice (view error)."""
+    import random
+
+    config = ClusterFormerConfig(
+        vocab_size=300, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=64,
+        window_size=64, window_stride=64, cluster_layers=[2], num_clusters=16, max_position_embeddings=89,
+        max_question_length=20, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+    )
+    torch.manual_seed(0)
+    model = ClusterFormerForQuestionAnswering(config).eval()
+    rng = random.Random(0)
+    seqs = [
+        [0] + [rng.randrange(3, 300) for _ in range(5)] + [2, 2] + [rng.randrange(3, 300) for _ in range(300 - 10 * i)] + [2]
+        for i in range(2)
+    ]
+    ids = torch.full((2, 309), 1)
+    mask = torch.zeros(2, 309, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s)
+        mask[i, : len(s)] = 1
+    with torch.no_grad():
+        batched = model(ids, attention_mask=mask)
+        for row, seq in enumerate(seqs):
+            alone = model(torch.tensor([seq]))
+            torch.testing.assert_close(batched.start_logits[row, : len(seq)], alone.start_logits[0], atol=1e-5, rtol=0)

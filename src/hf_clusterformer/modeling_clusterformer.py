@@ -357,7 +357,7 @@ def unsort_from_chunks(
     else:  # a new tensor (``fill`` stays as it is), written in place below
         base = F.pad(fill, (0, 0, 0, padded - length)) if padded > length else fill.clone()
     restored = base.scatter_(1, order.unsqueeze(-1).expand(-1, -1, hidden), flat)
-    return restored[:, :length]
+    return restored[:, :length].contiguous()  # the slice of a padded batch is not; later layers view it
 
 
 def bidirectional_mask(valid: torch.Tensor, dtype: torch.dtype, implementation: str | None) -> torch.Tensor:

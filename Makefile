@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test fuzz bench clean
 
 install: $(STAMP)
 
@@ -19,6 +19,18 @@ demo: install
 
 test: install
 	$(PY) -m pytest -q tests
+
+# The model against its loop reference over many drawn configurations and batches (before a release):
+# FUZZ_EXAMPLES examples from FUZZ_SEED (a new seed each run unless given; rerun a failure with the printed one).
+FUZZ_EXAMPLES ?= 3000
+ifndef FUZZ_SEED
+FUZZ_SEED := $(shell date +%s)
+endif
+
+fuzz: install
+	@echo "make fuzz: $(FUZZ_EXAMPLES) examples, seed $(FUZZ_SEED) (rerun: make fuzz FUZZ_SEED=$(FUZZ_SEED))"
+	CLUSTERFORMER_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) CLUSTERFORMER_FUZZ_SEED=$(FUZZ_SEED) \
+		$(PY) -m pytest -q tests/test_encoder_reference.py --hypothesis-show-statistics
 
 bench: install
 	$(PY) bench/bench_encoder.py

@@ -28,12 +28,13 @@ from reference_encoder import reference_forward
 
 from hf_clusterformer import ClusterFormerConfig, ClusterFormerForQuestionAnswering
 
-BOS, PAD, SEP = 0, 1, 2
+#: Special ids (bos, pad, separator) and separators after the question: RoBERTa's, and BERT's as converted checkpoints
+#: hold them (padding 0, so positions start at 1).
+TEMPLATES = {"roberta": (0, 1, 2, 2), "bert": (3, 0, 4, 1)}
 VOCAB = 40
 HIDDEN = 16
 TOLERANCE = dict(atol=1e-5, rtol=1e-5)
 TYPES = ("sliding", "cluster", "lsh", "sparse")
-WORDS = [t for t in range(VOCAB) if t != SEP]
 
 FUZZ_EXAMPLES = int(os.environ.get("CLUSTERFORMER_FUZZ_EXAMPLES", "0"))
 FUZZ_SEED = os.environ.get("CLUSTERFORMER_FUZZ_SEED")
@@ -79,24 +80,25 @@ def cases(draw) -> Case:
     depth = draw(st.integers(1, 4))
     layer_types = draw(st.lists(st.sampled_from(TYPES), min_size=depth, max_size=depth))
     max_question = draw(st.integers(1, 4))
-    template = draw(st.sampled_from(["roberta", "bert"]))
+    template = draw(st.sampled_from(sorted(TEMPLATES)))
+    bos, pad, sep, separators = TEMPLATES[template]
+    words = [t for t in range(VOCAB) if t != sep]
     types_from = draw(st.sampled_from(["none", "pair", "given"] if template == "bert" else ["none", "given"]))
     give_prefix = draw(st.booleans())
 
     examples, prefixes, types = [], [], []
     for _ in range(draw(st.integers(1, 4))):
-        question = draw(st.lists(st.sampled_from(WORDS), min_size=1, max_size=max_question))
+        question = draw(st.lists(st.sampled_from(words), min_size=1, max_size=max_question))
         kind = draw(st.sampled_from(["short", "one", "long"]))
         window_context = {  # context tokens in the windows, closing separator included
             "short": lambda: draw(st.integers(2, max(2, size - 1))),
             "one": lambda: max(2, size),
             "long": lambda: draw(st.integers(size + 1, size + 4 * stride + 1)),
         }[kind]()
-        first = draw(st.sampled_from(WORDS))
+        first = draw(st.sampled_from(words))
         rest = draw(st.lists(st.integers(0, VOCAB - 1), min_size=window_context - 2, max_size=window_context - 2))
-        separators = [SEP, SEP] if template == "roberta" else [SEP]
-        tokens = [BOS, *question, *separators, first, *rest, SEP]
-        prefix = len(question) + 1 + len(separators)
+        tokens = [bos, *question, *[sep] * separators, first, *rest, sep]
+        prefix = len(question) + 1 + separators
         if give_prefix:  # question_lengths passed: the drawn one, or one token more or fewer
             prefix = draw(st.integers(max(1, prefix - 1), min(prefix + 1, max_question + 3, len(tokens) - 2)))
         prefixes.append(prefix)
@@ -113,11 +115,13 @@ def cases(draw) -> Case:
         chunk_size_feed_forward=draw(st.sampled_from([0, 0, 1, 3])),
         layer_types=layer_types, num_clusters=clusters, window_size=size, window_stride=stride,
         max_question_length=max_question, max_context_length=4096,
-        max_position_embeddings=PAD + 1 + max_question + 3 + size + draw(st.integers(0, 2)),
+        max_position_embeddings=pad + 1 + max_question + 3 + size + draw(st.integers(0, 2)),
         chunk_question_prefix=draw(st.booleans()), use_answerability_head=draw(st.booleans()),
-        pair_token_types=types_from == "pair", type_vocab_size=2, initializer_range=draw(st.sampled_from([0.02, 0.3])),
+        pair_token_types=types_from == "pair",
+        type_vocab_size=draw(st.sampled_from([1, 2])) if types_from == "none" else 2,
+        initializer_range=draw(st.sampled_from([0.02, 0.3])),
         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-        pad_token_id=PAD, bos_token_id=BOS, eos_token_id=SEP,
+        pad_token_id=pad, bos_token_id=bos, eos_token_id=sep,
     )
     return Case(
         config=config, attention=draw(st.sampled_from(["eager", "sdpa"])), weight_seed=draw(st.integers(0, 2**16)),
@@ -135,8 +139,8 @@ def issue_22_case() -> Case:
                 + [rng.randrange(3, 300) for _ in range(300 - 10 * i)] + [2] for i in range(2)]
     config = dict(
         vocab_size=300, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=64,
-        window_size=64, window_stride=64, cluster_layers=[2], num_clusters=16, max_position_embeddings=89, max_question_length=20,
-        pad_token_id=1, bos_token_id=0, eos_token_id=2,
+        window_size=64, window_stride=64, cluster_layers=[2], num_clusters=16, max_position_embeddings=89,
+        max_question_length=20, pad_token_id=1, bos_token_id=0, eos_token_id=2,
     )
     return Case(config=config, attention="sdpa", weight_seed=0, examples=examples, token_types=None,
                 sides=["right", "right"], extra_padding=1, embeds=False, give_prefix=False, prefixes=[8, 8],
@@ -168,7 +172,8 @@ def word_inputs(model, case: Case) -> list[torch.Tensor]:
     rows = []
     for tokens in case.examples:
         ids = torch.tensor(tokens)
-        noise = 0.1 * torch.randn(len(tokens), HIDDEN, generator=generator) * (ids != SEP).unsqueeze(-1)
+        noise = 0.1 * torch.randn(len(tokens), HIDDEN, generator=generator)
+        noise = noise * (ids != case.config["eos_token_id"]).unsqueeze(-1)
         rows.append((table[ids] + noise).requires_grad_())
     return rows
 
@@ -186,7 +191,8 @@ def pad(case: Case, inputs: list[torch.Tensor], extra: int = 0, garbage: int | N
     for row, (x, side) in enumerate(zip(inputs, case.sides)):
         missing = width - len(x)
         if generator is None:
-            filler = torch.zeros(missing, HIDDEN) if case.embeds else torch.full((missing,), PAD)
+            pad_id = case.config["pad_token_id"]
+            filler = torch.zeros(missing, HIDDEN) if case.embeds else torch.full((missing,), pad_id)
         elif case.embeds:
             filler = torch.randn(missing, HIDDEN, generator=generator)
         else:

@@ -6,7 +6,8 @@ Reading guide, top to bottom:
    (`build_window_layout`); window states go back to token order by averaging every copy of a token
    (`windows_to_tokens`) and forth again by gathering (`tokens_to_windows`). Between layers, when every token lies
    in at most two windows (l <= 2m), only the l - m copies each pair of neighbouring windows shares are merged, in
-   place (`overlap_slots`, `merge_overlaps_`); `share_context_states` is the general form.
+   place (`overlap_slots`, `merge_overlaps_`); `share_context_states` is the general form. A single text
+   ``<s> T </s>`` has only ``<s>`` as every window's prefix (`single_text_rows`, by `INPUT_FORMATS`).
 2. Sorting: states with cluster ids are stably sorted by (id, position), cut into chunks of ``m``, and put
    back by scattering with the same permutation (`sort_into_chunks`, `unsort_from_chunks`).
 3. Routers map states to ids: `ClusterRouter` (cosine argmax against K-Means centroids, paper eq. 4) and
@@ -136,6 +137,39 @@ def locate_question_prefix(
     if starts is not None:
         first = first - starts
     return first + 1 + next_is_sep.long(), first - 1, is_separator.any(dim=1)
+
+
+#: How a model reads its rows (the ``input_format`` argument of every forward, default: the class's
+#: ``input_format``): ``"pair"`` a question/context pair ``<s> Q </s></s> C </s>`` whose question prefix every window
+#: repeats (question answering, multiple choice); ``"single"`` one text ``<s> T </s>`` with only ``<s>`` (BERT:
+#: ``[CLS]``) as every window's prefix; ``"auto"`` a pair when the row has a separator before its last token (as
+#: ``tokenizer(text, text_pair)`` makes), else one text (``tokenizer(text)``); the base model and the masked-LM,
+#: sequence and token classification heads.
+INPUT_FORMATS = ("pair", "single", "auto")
+
+
+def single_text_rows(
+    input_format: str, found: torch.Tensor, prefix_lengths: torch.Tensor, lengths: torch.Tensor
+) -> torch.Tensor:
+    """Which rows are one text (prefix ``<s>``) rather than a question/context pair: the one rule of `INPUT_FORMATS`.
+
+    Args:
+        input_format: one of `INPUT_FORMATS`.
+        found: (B,) bool, the row has a separator (`locate_question_prefix`).
+        prefix_lengths: (B,) long, the question prefix `locate_question_prefix` found.
+        lengths: (B,) long, real tokens of each row.
+
+    Returns:
+        (B,) bool. Under ``"auto"`` a row is a pair when its question prefix ends before its last token, so
+        ``<s> T </s>`` and a row without any separator are single texts.
+    """
+    if input_format not in INPUT_FORMATS:
+        raise ValueError(f"input_format must be one of {INPUT_FORMATS}, got {input_format!r}.")
+    if input_format == "pair":
+        return torch.zeros_like(found)
+    if input_format == "single":
+        return torch.ones_like(found)
+    return ~(found & (prefix_lengths < lengths))
 
 
 def build_window_layout(
@@ -861,12 +895,15 @@ class ClusterFormerPreTrainedModel(RobertaPreTrainedModel):
 
 
 class ClusterFormerModel(ClusterFormerPreTrainedModel):
-    """Cluster-Former encoder over ``<s> question </s></s> context </s>`` inputs of any context length.
+    """Cluster-Former encoder over ``<s> question </s></s> context </s>`` pairs or single texts ``<s> text </s>`` of any
+    length (`INPUT_FORMATS`).
 
     Parameter names match `RobertaModel`, so RoBERTa checkpoints load 1:1 (centroids come from initialisation).
     """
 
     _no_split_modules = ["RobertaEmbeddings", "ClusterFormerLayer"]
+    #: How rows are read when forward gets no ``input_format`` (see `INPUT_FORMATS`).
+    input_format = "auto"
 
     def __init__(self, config: ClusterFormerConfig, add_pooling_layer: bool = True):
         config.validate_architecture()  # options set after the config was built (from_pretrained overrides)
@@ -893,17 +930,19 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
         inputs_embeds: torch.Tensor | None,
         attention_mask: torch.Tensor | None,
         question_lengths: torch.Tensor | list[int] | None,
-    ) -> tuple[list[int], list[int], torch.Tensor, torch.Tensor, torch.Tensor]:
+        input_format: str = "pair",
+    ) -> tuple[list[int], list[int], torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Validate the batch and locate every example in it.
 
         Args:
             input_ids: (B, T) or None; inputs_embeds: (B, T, d) or None (exactly one of them).
             attention_mask: optional (B, T); one block of ones per row (right or left padding).
-            question_lengths: optional (B,) question prefix lengths.
+            question_lengths: optional (B,) question prefix lengths (then every row is a pair).
+            input_format: one of `INPUT_FORMATS`; single-text rows (`single_text_rows`) get the prefix ``<s>``.
 
         Returns:
-            Per example, as Python ints: prefix lengths and real lengths (prefix + context); and as (B,) long
-            tensors: prefix lengths, real lengths and the index of the first real token.
+            Per example, as Python ints: prefix lengths and real lengths (prefix + context); and as (B,) tensors:
+            prefix lengths, real lengths, the index of the first real token (long) and which rows are one text (bool).
         """
         config = self.config
         self._check_inputs(input_ids, inputs_embeds)
@@ -933,11 +972,15 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
         is_sep = is_sep & mask
         if question_lengths is None:
             prefix, question, found = locate_question_prefix(is_sep, starts)
+            single = single_text_rows(input_format, found, prefix, lengths)
+            prefix = torch.where(single, torch.ones_like(prefix), prefix)  # <s> alone
+            question, found = question.masked_fill(single, 0), found | single
         else:
             prefix = torch.as_tensor(question_lengths, device=device).view(-1)
             if prefix.shape[0] != batch:
                 raise ValueError(f"question_lengths has {prefix.shape[0]} entries for a batch of {batch}.")
             question, found = prefix - QUESTION_PREFIX_SPECIAL_TOKENS, torch.ones_like(one_block)
+            single = torch.zeros_like(one_block)
         last = (starts + lengths - 1).clamp(min=0).unsqueeze(1)
         context = lengths - prefix - torch.gather(is_sep, 1, last).squeeze(1).long()  # without the closing separator
         stats = torch.stack([prefix, lengths, question, context, one_block.long(), found.long()])
@@ -949,7 +992,7 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
         if check_ids:
             self._check_token_ids(stats[6][0], stats[7][0])
         self._check_rows(*stats[2:6], "input_ids" if input_ids is not None else "inputs_embeds")
-        return stats[0], stats[1], prefix, lengths, starts
+        return stats[0], stats[1], prefix, lengths, starts, single
 
     def _check_inputs(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None) -> None:
         """One of (B, T) integer ``input_ids`` or (B, T, d) ``inputs_embeds``, else one line."""
@@ -1000,12 +1043,13 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
         output_cluster_assignments: bool = False,
         return_dict: bool | None = None,
         inputs_embeds: torch.Tensor | None = None,
+        input_format: str | None = None,
         **kwargs,
     ) -> ClusterFormerModelOutput | tuple:
         r"""
         Args:
-            input_ids: (B, T) pair encodings ``<s> Q </s></s> C </s>`` (or ``[CLS] Q [SEP] C [SEP]``), padded on
-                one side.
+            input_ids: (B, T) pair encodings ``<s> Q </s></s> C </s>`` (or ``[CLS] Q [SEP] C [SEP]``), or single texts
+                ``<s> T </s>`` (see ``input_format``), padded on one side.
             attention_mask: (B, T) 1 for real tokens, 0 for padding.
             token_type_ids: optional (B, T); by default 0, or with ``config.pair_token_types`` 0 for the question
                 prefix and 1 for the context (BERT's pair template).
@@ -1015,6 +1059,9 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
             inputs_embeds: (B, T, d) word embeddings instead of ``input_ids``; positions restart in every window as
                 for ids. Separators are found where a row equals the separator's embedding, or pass
                 ``question_lengths``.
+            input_format: one of `INPUT_FORMATS`: ``"pair"``, ``"single"`` or ``"auto"`` (default: the class's
+                ``input_format``, ``"auto"`` here: rows of ``tokenizer(text)`` are single texts, rows of
+                ``tokenizer(text, text_pair)`` pairs).
 
         Returns:
             `ClusterFormerModelOutput`.
@@ -1030,7 +1077,9 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
                 "`attentions` holds None for every layer; load the model with attn_implementation='eager' for them."
             )
 
-        prefixes, totals, prefix, lengths, starts = self._locate_inputs(input_ids, inputs_embeds, attention_mask, question_lengths)
+        prefixes, totals, prefix, lengths, starts, single = self._locate_inputs(
+            input_ids, inputs_embeds, attention_mask, question_lengths, input_format or self.input_format
+        )
         stride, size = config.window_stride, config.window_size
         num_windows = max(count_windows(t - p, size, stride) for p, t in zip(prefixes, totals))
         routed_chunks = count_routed_chunks(prefixes, totals, size, stride, config.chunk_question_prefix)
@@ -1038,7 +1087,7 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
             prefix, lengths, size, stride, num_windows, max(prefixes), padding_idx=config.pad_token_id, starts=starts
         )
         length = (input_ids if input_ids is not None else inputs_embeds).shape[1]
-        states = self._embed_windows(input_ids, inputs_embeds, token_type_ids, layout)
+        states = self._embed_windows(input_ids, inputs_embeds, token_type_ids, layout, single)
         encoded = self.encoder(
             states,
             layout,
@@ -1075,12 +1124,13 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
 
     def _embed_windows(
         self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, token_type_ids: torch.Tensor | None,
-        layout: WindowLayout,
+        layout: WindowLayout, single: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """RoBERTa's embeddings of every window as a standalone input: (B, T) ids or (B, T, d) embeddings -> (B, K, S, d).
 
         Token types: the given (B, T) ones, else with ``config.pair_token_types`` 0 for the question prefix and 1 for
-        the context (BERT's pair template), else RoBERTa's default.
+        the context of pair rows (BERT's pair template) and 0 for single-text rows (``single``, (B,) bool), else
+        RoBERTa's default.
         """
         config = self.config
         batch, windows, slots = layout.token_index.shape
@@ -1094,7 +1144,8 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
         if token_type_ids is not None:
             window_types = torch.gather(token_type_ids, 1, flat_index).view(-1, slots)
         elif config.pair_token_types:
-            window_types = layout.is_context.long().view(-1, slots)
+            is_context = layout.is_context if single is None else layout.is_context & ~single.view(-1, 1, 1)
+            window_types = is_context.long().view(-1, slots)
         return self.embeddings(
             input_ids=window_ids,
             position_ids=layout.position_ids.view(-1, slots),
@@ -1126,8 +1177,11 @@ class ClusterFormerQuestionAnsweringOutput(ModelOutput):
 class ClusterFormerForQuestionAnswering(ClusterFormerPreTrainedModel):
     """Extractive QA head (start/end logits over every input token) on `ClusterFormerModel`.
 
-    Loads `RobertaForQuestionAnswering` checkpoints 1:1 (``roberta.*`` and ``qa_outputs.*``).
+    Loads `RobertaForQuestionAnswering` checkpoints 1:1 (``roberta.*`` and ``qa_outputs.*``). Inputs are question/context
+    pairs (``input_format="pair"``).
     """
+
+    input_format = "pair"
 
     def __init__(self, config: ClusterFormerConfig):
         super().__init__(config)
@@ -1151,12 +1205,13 @@ class ClusterFormerForQuestionAnswering(ClusterFormerPreTrainedModel):
         output_cluster_assignments: bool = False,
         return_dict: bool | None = None,
         inputs_embeds: torch.Tensor | None = None,
+        input_format: str | None = None,
         **kwargs,
     ) -> ClusterFormerQuestionAnsweringOutput | tuple:
         r"""
         Args:
-            input_ids, attention_mask, token_type_ids, question_lengths, inputs_embeds: see
-                `ClusterFormerModel.forward`.
+            input_ids, attention_mask, token_type_ids, question_lengths, inputs_embeds, input_format: see
+                `ClusterFormerModel.forward` (``input_format`` defaults to ``"pair"``).
             start_positions, end_positions: (B,) token indices of the answer span; out-of-range values are ignored.
             answerable_labels: (B,) 1 if the context holds an answer, 0 if not (needs ``use_answerability_head``).
 
@@ -1174,6 +1229,7 @@ class ClusterFormerForQuestionAnswering(ClusterFormerPreTrainedModel):
             output_cluster_assignments=output_cluster_assignments,
             return_dict=True,
             inputs_embeds=inputs_embeds,
+            input_format=input_format or self.input_format,
             **kwargs,
         )
         logits = self.qa_outputs(outputs.last_hidden_state)
@@ -1211,6 +1267,7 @@ __all__ = [
     "ClusterFormerModel",
     "ClusterFormerPreTrainedModel",
     "ClusterRouter",
+    "INPUT_FORMATS",
     "LSHRouter",
     "WindowLayout",
     "bidirectional_mask",
@@ -1221,6 +1278,7 @@ __all__ = [
     "order_centroids_greedy",
     "overlap_slots",
     "share_context_states",
+    "single_text_rows",
     "sort_into_chunks",
     "tokens_to_windows",
     "unsort_from_chunks",

@@ -3,11 +3,23 @@
 Importing the package registers the config and models with the transformers Auto classes.
 """
 
-from transformers import AutoConfig, AutoModel, AutoModelForQuestionAnswering
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForMaskedLM,
+    AutoModelForMultipleChoice,
+    AutoModelForQuestionAnswering,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+)
 
 from .configuration_clusterformer import ClusterFormerConfig, default_cluster_layers, suggested_num_clusters
 from .modeling_clusterformer import (
+    ClusterFormerForMaskedLM,
+    ClusterFormerForMultipleChoice,
     ClusterFormerForQuestionAnswering,
+    ClusterFormerForSequenceClassification,
+    ClusterFormerForTokenClassification,
     ClusterFormerModel,
     ClusterFormerPreTrainedModel,
     ClusterRouter,
@@ -21,6 +33,10 @@ __version__ = "0.1.0"
 AutoConfig.register("clusterformer", ClusterFormerConfig, exist_ok=True)
 AutoModel.register(ClusterFormerConfig, ClusterFormerModel, exist_ok=True)
 AutoModelForQuestionAnswering.register(ClusterFormerConfig, ClusterFormerForQuestionAnswering, exist_ok=True)
+AutoModelForMaskedLM.register(ClusterFormerConfig, ClusterFormerForMaskedLM, exist_ok=True)
+AutoModelForSequenceClassification.register(ClusterFormerConfig, ClusterFormerForSequenceClassification, exist_ok=True)
+AutoModelForTokenClassification.register(ClusterFormerConfig, ClusterFormerForTokenClassification, exist_ok=True)
+AutoModelForMultipleChoice.register(ClusterFormerConfig, ClusterFormerForMultipleChoice, exist_ok=True)
 register_pipeline()  # transformers.pipeline("question-answering", ...) uses the long-context pipeline
 
 # Training-only parts (Trainer callback, K-Means backends) load on first use, so that inference never
@@ -49,7 +65,11 @@ __all__ = [
     "pipeline",
     "register_pipeline",
     "ClusterFormerConfig",
+    "ClusterFormerForMaskedLM",
+    "ClusterFormerForMultipleChoice",
     "ClusterFormerForQuestionAnswering",
+    "ClusterFormerForSequenceClassification",
+    "ClusterFormerForTokenClassification",
     "ClusterFormerModel",
     "ClusterFormerPreTrainedModel",
     "ClusterRouter",

@@ -33,13 +33,22 @@ from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrained
 from transformers.dynamic_module_utils import get_imports
 
 from .configuration_clusterformer import ClusterFormerConfig, model_options
-from .modeling_clusterformer import ClusterFormerForQuestionAnswering, ClusterFormerModel
+from .modeling_clusterformer import (
+    ClusterFormerForMaskedLM,
+    ClusterFormerForMultipleChoice,
+    ClusterFormerForQuestionAnswering,
+    ClusterFormerForSequenceClassification,
+    ClusterFormerForTokenClassification,
+    ClusterFormerModel,
+)
 from .pipeline import TASK, UNTRAINED_WEIGHTS, mark_untrained, untrained_weights
 
 __all__ = [
     "CODE_FILES",
     "PICKLE_SUFFIXES",
     "CONVERTIBLE_TYPES",
+    "HEAD_AUTO_CLASSES",
+    "TASK_CLASSES",
     "MAX_CONTEXT_LENGTH",
     "ConvertedCheckpoint",
     "check_context_length",
@@ -141,14 +150,34 @@ def writing_model_dir(path: str | os.PathLike, overwrite: bool = False, option: 
             shutil.rmtree(staging, ignore_errors=True)
 
 
+#: The Auto class of every Cluster-Former head.
+HEAD_AUTO_CLASSES = {
+    ClusterFormerForQuestionAnswering.__name__: "AutoModelForQuestionAnswering",
+    ClusterFormerForMaskedLM.__name__: "AutoModelForMaskedLM",
+    ClusterFormerForSequenceClassification.__name__: "AutoModelForSequenceClassification",
+    ClusterFormerForTokenClassification.__name__: "AutoModelForTokenClassification",
+    ClusterFormerForMultipleChoice.__name__: "AutoModelForMultipleChoice",
+}
+#: The head `convert_checkpoint` builds for each ``task``.
+TASK_CLASSES = {
+    "qa": ClusterFormerForQuestionAnswering,
+    "mlm": ClusterFormerForMaskedLM,
+    "sequence-classification": ClusterFormerForSequenceClassification,
+    "token-classification": ClusterFormerForTokenClassification,
+    "multiple-choice": ClusterFormerForMultipleChoice,
+}
+
+
 def hub_auto_map(question_answering: bool = True) -> dict[str, str]:
-    """``auto_map`` entries of a Cluster-Former checkpoint (the QA entry only for QA models)."""
+    """``auto_map`` entries of a Cluster-Former checkpoint: the config, the base model and, for a head's checkpoint
+    (``question_answering``, the name kept from when QA was the only head), every head, each loadable from it as
+    transformers loads a RoBERTa checkpoint into another head (weights the checkpoint lacks are initialised)."""
     auto_map = {
         "AutoConfig": "configuration_clusterformer.ClusterFormerConfig",
         "AutoModel": "modeling_clusterformer.ClusterFormerModel",
     }
     if question_answering:
-        auto_map["AutoModelForQuestionAnswering"] = "modeling_clusterformer.ClusterFormerForQuestionAnswering"
+        auto_map.update({auto: f"modeling_clusterformer.{name}" for name, auto in HEAD_AUTO_CLASSES.items()})
     return auto_map
 
 
@@ -156,11 +185,16 @@ def _is_question_answering(model: PreTrainedModel) -> bool:
     return type(model).__name__ == ClusterFormerForQuestionAnswering.__name__
 
 
+def _is_head(model: PreTrainedModel) -> bool:
+    return type(model).__name__ in HEAD_AUTO_CLASSES
+
+
+
 def prepare_for_hub(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None = None) -> None:
     """Make ``model.save_pretrained`` / ``model.push_to_hub`` write checkpoints that load with remote code.
 
-    Registers the config class for ``AutoConfig`` and the model class for ``AutoModelForQuestionAnswering``
-    (``AutoModel`` for a bare `ClusterFormerModel`) — a class-level setting, so later saves of these classes in
+    Registers the config class for ``AutoConfig`` and the model class for its Auto class (`HEAD_AUTO_CLASSES`;
+    ``AutoModel`` for a bare `ClusterFormerModel`) — a class-level setting, so later saves of these classes in
     this process also copy the code files — and sets ``model.config.auto_map`` to all of `hub_auto_map` (transformers
     itself lists only the saved class). Raises ``tokenizer.model_max_length`` to the longest input the model takes,
     so long contexts cause no length warning.
@@ -168,14 +202,15 @@ def prepare_for_hub(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase |
     model_type = getattr(type(model.config), "model_type", None)  # what config.json gets (the class attribute)
     if model_type != ClusterFormerConfig.model_type:
         raise ValueError(f"prepare_for_hub needs a Cluster-Former model, got model_type {model_type!r}.")
-    question_answering = _is_question_answering(model)
-    if not question_answering and type(model).__name__ != ClusterFormerModel.__name__:
+    head = _is_head(model)
+    if not head and type(model).__name__ != ClusterFormerModel.__name__:
         raise ValueError(
-            f"Only ClusterFormerModel and ClusterFormerForQuestionAnswering can be shared, got {type(model).__name__}."
+            f"Only ClusterFormerModel and its heads ({', '.join(HEAD_AUTO_CLASSES)}) can be shared, got "
+            f"{type(model).__name__}."
         )
     type(model.config).register_for_auto_class("AutoConfig")
-    type(model).register_for_auto_class("AutoModelForQuestionAnswering" if question_answering else "AutoModel")
-    model.config.auto_map = {**(getattr(model.config, "auto_map", None) or {}), **hub_auto_map(question_answering)}
+    type(model).register_for_auto_class(HEAD_AUTO_CLASSES[type(model).__name__] if head else "AutoModel")
+    model.config.auto_map = {**(getattr(model.config, "auto_map", None) or {}), **hub_auto_map(head)}
     if tokenizer is not None:
         needed = model.config.max_input_length
         if (tokenizer.model_max_length or 0) < needed:
@@ -329,10 +364,14 @@ def check_hub_checkpoint(path: str | os.PathLike, files: Sequence[str] | None = 
     config = json.loads(config_file.read_text(encoding="utf-8"))
     if config.get("model_type") != ClusterFormerConfig.model_type:
         problems.append(f"config.json has model_type {config.get('model_type')!r}, not 'clusterformer'")
-    question_answering = any(name.endswith("ForQuestionAnswering") for name in config.get("architectures") or [])
+    architectures = config.get("architectures") or []
+    question_answering = any(name.endswith("ForQuestionAnswering") for name in architectures)
     auto_map = config.get("auto_map") or {}
-    for key, target in hub_auto_map(question_answering).items():
-        if auto_map.get(key) != target:
+    own = {HEAD_AUTO_CLASSES.get(name) for name in architectures}
+    for key, target in hub_auto_map(bool(own - {None})).items():
+        # the config, the base model and the checkpoint's own head are needed; other heads' entries need to be right
+        needed = key in ("AutoConfig", "AutoModel") or key in own
+        if (needed or key in auto_map) and auto_map.get(key) != target:
             problems.append(f"config.json auto_map[{key!r}] is {auto_map.get(key)!r}, expected {target!r}")
     needed = list(CODE_FILES[:2])
     pipelines = config.get("custom_pipelines") or {}
@@ -399,26 +438,46 @@ _BERT_FIELDS = (
 )
 
 
-def _bert_as_roberta(src, source_config, tokenizer, hub_kwargs) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+#: Where a BERT head's weights go in the RoBERTa layout, by `convert_checkpoint` task: source prefix -> target prefix
+#: (BERT's pooler + classifier is RoBERTa's classification head; its MLM transform is ``lm_head``; the decoder is
+#: tied to the word embeddings, its bias is ``cls.predictions.bias``).
+_BERT_HEADS = {
+    "qa": {"qa_outputs.": "qa_outputs."},
+    "mlm": {"cls.predictions.transform.dense.": "lm_head.dense.",
+            "cls.predictions.transform.LayerNorm.": "lm_head.layer_norm.", "cls.predictions.bias": "lm_head.bias"},
+    "sequence-classification": {"roberta.pooler.dense.": "classifier.dense.", "classifier.": "classifier.out_proj."},
+    "token-classification": {"classifier.": "classifier."},
+    "multiple-choice": {"roberta.pooler.": "roberta.pooler.", "classifier.": "classifier."},
+}
+
+
+def _bert_as_roberta(
+    src, source_config, tokenizer, hub_kwargs, task: str = "qa"
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """A BERT-family checkpoint in the RoBERTa layout the model subclasses.
 
     RoBERTa numbers positions from ``pad_token_id + 1``, BERT from 0, so the position table gets ``pad_token_id + 1``
     leading zero rows: slot ``s`` of every window then reads BERT's row ``s``. ``[CLS]``/``[SEP]`` become the
-    bos/eos ids, so the ``[CLS] Q [SEP] C [SEP]`` template is found by its one separator.
+    bos/eos ids, so the ``[CLS] Q [SEP] C [SEP]`` template is found by its one separator. The ``task`` head's
+    weights the source has are mapped by `_BERT_HEADS` (``cls.predictions`` to ``lm_head`` for ``mlm``).
 
     Returns:
-        (config values, state dict with ``roberta.*`` keys and ``qa_outputs.*`` when the source has a QA head).
+        (config values, state dict with ``roberta.*`` keys and the head's keys the source has).
     """
-    from transformers import AutoModelForQuestionAnswering
+    import transformers
     from transformers.utils import logging as hf_logging
 
+    if task == "mlm" and source_config.hidden_act != "gelu":
+        raise ValueError(f"{src}'s MLM head uses {source_config.hidden_act!r}; RoBERTa's LM head, which Cluster-Former "
+                         "uses, applies gelu, so its logits would differ.")
+    auto_class = getattr(transformers, HEAD_AUTO_CLASSES[TASK_CLASSES[task].__name__])
     verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # the QA head a plain encoder lacks is reported once, by the caller
+    hf_logging.set_verbosity_error()  # the head a plain encoder lacks is reported once, by the caller
     try:
-        source, info = AutoModelForQuestionAnswering.from_pretrained(src, output_loading_info=True, **hub_kwargs)
+        source, info = auto_class.from_pretrained(src, output_loading_info=True, **hub_kwargs)
     finally:
         hf_logging.set_verbosity(verbosity)
-    has_head = not any(key.startswith("qa_outputs.") for key in info["missing_keys"])
+    missing = {"roberta." + k[len("bert."):] if k.startswith("bert.") else k for k in info["missing_keys"]}
     pad = source_config.pad_token_id if source_config.pad_token_id is not None else 0
     cls_id = getattr(tokenizer, "cls_token_id", None) if tokenizer is not None else None
     sep_id = getattr(tokenizer, "sep_token_id", None) if tokenizer is not None else None
@@ -429,6 +488,9 @@ def _bert_as_roberta(src, source_config, tokenizer, hub_kwargs) -> tuple[dict[st
         bos_token_id=cls_id if cls_id is not None else 101,
         eos_token_id=sep_id if sep_id is not None else 102,
         pair_token_types=source_config.type_vocab_size > 1,
+        id2label=source_config.id2label,  # a classification head's labels
+        problem_type=source_config.problem_type,
+        classifier_dropout=getattr(source_config, "classifier_dropout", None),
     )
     state = {}
     for key, tensor in source.state_dict().items():
@@ -436,7 +498,10 @@ def _bert_as_roberta(src, source_config, tokenizer, hub_kwargs) -> tuple[dict[st
             key = "roberta." + key[len("bert."):]
         if key.endswith("embeddings.position_embeddings.weight"):
             tensor = torch.cat([tensor.new_zeros(pad + 1, tensor.shape[1]), tensor])
-        if key.startswith("roberta.") and not key.endswith("position_ids") or key.startswith("qa_outputs.") and has_head:
+        head = [(old, new) for old, new in _BERT_HEADS[task].items() if key.startswith(old)]
+        if head and key not in missing:
+            state[head[0][1] + key[len(head[0][0]):]] = tensor
+        elif key.startswith("roberta.") and not key.endswith("position_ids") and not key.startswith("roberta.pooler."):
             state[key] = tensor
     return values, state
 
@@ -452,6 +517,7 @@ def convert_checkpoint(
     token: str | bool | None = None,
     overwrite: bool = False,
     seed: int = 0,
+    task: str = "qa",
     **options: Any,
 ) -> ConvertedCheckpoint:
     """Turn a RoBERTa, BERT-family (BERT, MiniLM, bge, e5) or Cluster-Former checkpoint into a self-contained
@@ -475,6 +541,9 @@ def convert_checkpoint(
             same checkpoint in any process. New weights are recorded as untrained in the config
             (`hf_clusterformer.pipeline.mark_untrained`): the pipeline and ``clusterformer predict`` refuse them
             until the model is trained.
+        task: the head to build, a key of `TASK_CLASSES`: ``qa`` (default), ``mlm``, ``sequence-classification``,
+            ``token-classification`` or ``multiple-choice``; a source's own head of that kind loads 1:1 (RoBERTa's by
+            name, BERT's mapped by `_BERT_HEADS`: ``cls.predictions`` to ``lm_head``).
         options: the Cluster-Former options (`hf_clusterformer.configuration_clusterformer.model_options`:
             ``layer_types``, ``cluster_layers``, ``num_clusters``, ``window_size``, ...); one left out or ``None``
             keeps a Cluster-Former source's own value, else the config default (``cluster_layers``: the paper's
@@ -484,6 +553,8 @@ def convert_checkpoint(
         ValueError: ``src`` is not of a convertible type, or the options are invalid (e.g. windows that do not fit
         the position table). TypeError: an option that is not a model option.
     """
+    if task not in TASK_CLASSES:
+        raise ValueError(f"task must be one of {', '.join(TASK_CLASSES)}, got {task!r}.")
     check_output_dir(dst, overwrite)
     options = _conversion_options(options)
     hub_kwargs = {"revision": revision, "token": token}
@@ -497,7 +568,7 @@ def convert_checkpoint(
         options["num_hidden_layers"] = num_hidden_layers
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)  # new weights are drawn from the global generator
-        model, newly_initialized = _converted_model(src, source, loaded_tokenizer, options, hub_kwargs)
+        model, newly_initialized = _converted_model(src, source, loaded_tokenizer, options, hub_kwargs, task)
     if newly_initialized:  # returned, and printed by the command line: logged once, at info level
         logger.info("Newly initialised (not in %s): %s; fine-tune before use.", src, ", ".join(newly_initialized))
     mark_untrained(model, sorted(set(newly_initialized) | set(untrained_weights(model))))  # a source's own too
@@ -545,12 +616,13 @@ def _conversion_tokenizer(
         return None
 
 
-def _converted_model(src, source, tokenizer, options, hub_kwargs) -> tuple[ClusterFormerForQuestionAnswering, list[str]]:
-    """The Cluster-Former QA model of a source checkpoint, and the names of its parameters the source lacks (the
-    router buffers excluded)."""
+def _converted_model(src, source, tokenizer, options, hub_kwargs, task: str = "qa") -> tuple[PreTrainedModel, list[str]]:
+    """The Cluster-Former model of a source checkpoint with the ``task`` head (`TASK_CLASSES`), and the names of its
+    parameters the source lacks (the router buffers excluded)."""
+    model_class = TASK_CLASSES[task]
     state = None
     if source.model_type == "bert":
-        values, state = _bert_as_roberta(src, source, tokenizer, hub_kwargs)
+        values, state = _bert_as_roberta(src, source, tokenizer, hub_kwargs, task)
     else:
         dropped = ("model_type", "architectures", "auto_map", "custom_pipelines", "transformers_version", "_name_or_path")
         values = {k: v for k, v in source.to_dict().items() if k not in dropped}
@@ -560,7 +632,7 @@ def _converted_model(src, source, tokenizer, options, hub_kwargs) -> tuple[Clust
     config.check_position_budget()
     if state is None:
         # centroids saved for another cluster layout start afresh (seeded, not fitted)
-        model, info = ClusterFormerForQuestionAnswering.from_pretrained(
+        model, info = model_class.from_pretrained(
             src, config=config, output_loading_info=True, ignore_mismatched_sizes=True, **hub_kwargs
         )
         mismatched = [key for key, *_ in info["mismatched_keys"]]
@@ -573,8 +645,10 @@ def _converted_model(src, source, tokenizer, options, hub_kwargs) -> tuple[Clust
                 router.fitted.fill_(False)
         missing = info["missing_keys"]
     else:
-        model = ClusterFormerForQuestionAnswering(config)
+        model = model_class(config)
         missing = model.load_state_dict(state, strict=False).missing_keys
+        tied = {target for target, _ in getattr(model, "all_tied_weights_keys", {}).items()}
+        missing = [key for key in missing if key not in tied]  # the MLM decoder: the word embeddings
     routers = {f"roberta.encoder.routers.{i}." for i in config.global_layers}
     return model, sorted(k for k in missing if not any(k.startswith(r) for r in routers))
 

@@ -15,6 +15,9 @@ Reading guide, top to bottom:
 4. `ClusterFormerModel` locates the question prefix (`locate_question_prefix`), runs RoBERTa's embeddings per
    window, and `ClusterFormerEncoder` runs every encoder layer by its type: a sliding-window layer (eq. 1-3), a
    cluster/LSH layer (eq. 4-8) or a sparse cross-window layer, each as ONE batched call.
+5. Heads on `ClusterFormerModel`: `ClusterFormerForQuestionAnswering` (pairs) and, subclassing their RoBERTa
+   classes, `ClusterFormerForMaskedLM`, `ClusterFormerForSequenceClassification`,
+   `ClusterFormerForTokenClassification` (single texts or pairs) and `ClusterFormerForMultipleChoice` (pairs).
 
 Shapes: B batch, T input length, K windows per example, S slots per window (longest question prefix + l),
 L = K * S flat slots, d hidden size, m window stride (= chunk length), p number of clusters.
@@ -30,12 +33,24 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn import CrossEntropyLoss
+from torch.nn import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss
 from transformers import initialization as init
-from transformers.modeling_outputs import ModelOutput
+from transformers.modeling_outputs import (
+    MaskedLMOutput,
+    ModelOutput,
+    MultipleChoiceModelOutput,
+    SequenceClassifierOutput,
+    TokenClassifierOutput,
+)
 from transformers.models.roberta.modeling_roberta import (
+    RobertaClassificationHead,
     RobertaEmbeddings,
+    RobertaForMaskedLM,
+    RobertaForMultipleChoice,
+    RobertaForSequenceClassification,
+    RobertaForTokenClassification,
     RobertaLayer,
+    RobertaLMHead,
     RobertaPooler,
     RobertaPreTrainedModel,
 )
@@ -1262,8 +1277,313 @@ class ClusterFormerForQuestionAnswering(ClusterFormerPreTrainedModel):
         return result if return_dict else result.to_tuple()
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# 5. The other RoBERTa heads: masked LM, sequence / token classification, multiple choice
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ClusterFormerMaskedLMOutput(MaskedLMOutput):
+    """`MaskedLMOutput` (loss, (B, T, V) logits, hidden_states, attentions) plus ``cluster_assignments`` and
+    ``window_token_index`` (see `ClusterFormerModelOutput`)."""
+
+    cluster_assignments: tuple[torch.Tensor, ...] | None = None
+    window_token_index: torch.Tensor | None = None
+
+
+@dataclass
+class ClusterFormerSequenceClassifierOutput(SequenceClassifierOutput):
+    """`SequenceClassifierOutput` (loss, (B, num_labels) logits, ...) plus ``cluster_assignments`` and
+    ``window_token_index``."""
+
+    cluster_assignments: tuple[torch.Tensor, ...] | None = None
+    window_token_index: torch.Tensor | None = None
+
+
+@dataclass
+class ClusterFormerTokenClassifierOutput(TokenClassifierOutput):
+    """`TokenClassifierOutput` (loss, (B, T, num_labels) logits, ...) plus ``cluster_assignments`` and
+    ``window_token_index``."""
+
+    cluster_assignments: tuple[torch.Tensor, ...] | None = None
+    window_token_index: torch.Tensor | None = None
+
+
+@dataclass
+class ClusterFormerMultipleChoiceOutput(MultipleChoiceModelOutput):
+    """`MultipleChoiceModelOutput` (loss, (B, C) logits, ...; the extras over the B * C flattened rows) plus
+    ``cluster_assignments`` and ``window_token_index``."""
+
+    cluster_assignments: tuple[torch.Tensor, ...] | None = None
+    window_token_index: torch.Tensor | None = None
+
+
+def _encode(model, input_ids, attention_mask, token_type_ids, question_lengths, inputs_embeds, input_format,
+            output_hidden_states, output_attentions, output_cluster_assignments, kwargs) -> ClusterFormerModelOutput:
+    """Run a head's ``model.roberta`` with its default ``input_format``: (B, T) inputs -> `ClusterFormerModelOutput`."""
+    return model.roberta(
+        input_ids,
+        attention_mask=attention_mask,
+        token_type_ids=token_type_ids,
+        question_lengths=question_lengths,
+        output_hidden_states=output_hidden_states,
+        output_attentions=output_attentions,
+        output_cluster_assignments=output_cluster_assignments,
+        return_dict=True,
+        inputs_embeds=inputs_embeds,
+        input_format=input_format or model.input_format,
+        **kwargs,
+    )
+
+
+def _extras(outputs: ClusterFormerModelOutput) -> dict:
+    """The encoder outputs every head passes on unchanged."""
+    return dict(hidden_states=outputs.hidden_states, attentions=outputs.attentions,
+                cluster_assignments=outputs.cluster_assignments, window_token_index=outputs.window_token_index)
+
+
+def sequence_classification_loss(config: ClusterFormerConfig, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """`RobertaForSequenceClassification`'s loss: (B, n) logits, (B,) or (B, n) labels -> scalar; regression for one
+    label, cross-entropy for integer labels, else multi-label BCE (``config.problem_type`` set on first use)."""
+    labels = labels.to(logits.device)
+    if config.problem_type is None:
+        if config.num_labels == 1:
+            config.problem_type = "regression"
+        elif labels.dtype in (torch.long, torch.int):
+            config.problem_type = "single_label_classification"
+        else:
+            config.problem_type = "multi_label_classification"
+    if config.problem_type == "regression":
+        return MSELoss()(logits.squeeze(), labels.squeeze()) if config.num_labels == 1 else MSELoss()(logits, labels)
+    if config.problem_type == "single_label_classification":
+        return CrossEntropyLoss()(logits.view(-1, config.num_labels), labels.view(-1))
+    return BCEWithLogitsLoss()(logits, labels)
+
+
+class ClusterFormerForMaskedLM(RobertaForMaskedLM, ClusterFormerPreTrainedModel):
+    """`RobertaForMaskedLM` on `ClusterFormerModel`: (B, T, V) logits for every token of a long input in one pass.
+
+    The decoder is tied to the word embeddings. Loads `RobertaForMaskedLM` checkpoints 1:1 (``roberta.*``,
+    ``lm_head.*``); reads single texts ``<s> T </s>`` (and pairs) by default (``input_format="auto"``).
+    """
+
+    config_class = ClusterFormerConfig
+    config: ClusterFormerConfig
+    input_format = "auto"
+
+    def __init__(self, config: ClusterFormerConfig):
+        ClusterFormerPreTrainedModel.__init__(self, config)  # not RobertaForMaskedLM's, which builds a RobertaModel
+        self.roberta = ClusterFormerModel(config, add_pooling_layer=False)
+        self.lm_head = RobertaLMHead(config)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        question_lengths: torch.Tensor | list[int] | None = None,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        output_cluster_assignments: bool = False,
+        return_dict: bool | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        input_format: str | None = None,
+        **kwargs,
+    ) -> ClusterFormerMaskedLMOutput | tuple:
+        r"""
+        Args:
+            input_ids, attention_mask, token_type_ids, question_lengths, inputs_embeds, input_format: see
+                `ClusterFormerModel.forward`.
+            labels: optional (B, T) token ids to predict, -100 where no loss is taken.
+
+        Returns:
+            `ClusterFormerMaskedLMOutput` with (B, T, V) logits.
+        """
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        outputs = _encode(self, input_ids, attention_mask, token_type_ids, question_lengths, inputs_embeds, input_format,
+                          output_hidden_states, output_attentions, output_cluster_assignments, kwargs)
+        logits = self.lm_head(outputs.last_hidden_state)
+        loss = None
+        if labels is not None:
+            loss = CrossEntropyLoss()(logits.view(-1, self.config.vocab_size), labels.to(logits.device).view(-1))
+        result = ClusterFormerMaskedLMOutput(loss=loss, logits=logits, **_extras(outputs))
+        return result if return_dict else result.to_tuple()
+
+
+class ClusterFormerForSequenceClassification(RobertaForSequenceClassification, ClusterFormerPreTrainedModel):
+    """`RobertaForSequenceClassification` on `ClusterFormerModel`: `RobertaClassificationHead` over the mean of the
+    windows' ``<s>`` states (the pooled output, as the answerability head reads it), so in one window it equals RoBERTa.
+
+    Loads `RobertaForSequenceClassification` checkpoints 1:1 (``roberta.*``, ``classifier.*``); single texts or
+    ``tokenizer(text, text_pair)`` pairs (``input_format="auto"``).
+    """
+
+    config_class = ClusterFormerConfig
+    config: ClusterFormerConfig
+    input_format = "auto"
+
+    def __init__(self, config: ClusterFormerConfig):
+        ClusterFormerPreTrainedModel.__init__(self, config)
+        self.num_labels = config.num_labels
+        self.roberta = ClusterFormerModel(config, add_pooling_layer=False)
+        self.classifier = RobertaClassificationHead(config)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        question_lengths: torch.Tensor | list[int] | None = None,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        output_cluster_assignments: bool = False,
+        return_dict: bool | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        input_format: str | None = None,
+        **kwargs,
+    ) -> ClusterFormerSequenceClassifierOutput | tuple:
+        r"""
+        Args:
+            input_ids, attention_mask, token_type_ids, question_lengths, inputs_embeds, input_format: see
+                `ClusterFormerModel.forward`.
+            labels: optional (B,) class ids (``num_labels > 1``) or values (``num_labels == 1``, regression), or (B, n)
+                multi-label targets; see `sequence_classification_loss`.
+
+        Returns:
+            `ClusterFormerSequenceClassifierOutput` with (B, num_labels) logits.
+        """
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        outputs = _encode(self, input_ids, attention_mask, token_type_ids, question_lengths, inputs_embeds, input_format,
+                          output_hidden_states, output_attentions, output_cluster_assignments, kwargs)
+        logits = self.classifier(outputs.pooler_output.unsqueeze(1))  # the head reads position 0 of (B, 1, d)
+        loss = sequence_classification_loss(self.config, logits, labels) if labels is not None else None
+        result = ClusterFormerSequenceClassifierOutput(loss=loss, logits=logits, **_extras(outputs))
+        return result if return_dict else result.to_tuple()
+
+
+class ClusterFormerForTokenClassification(RobertaForTokenClassification, ClusterFormerPreTrainedModel):
+    """`RobertaForTokenClassification` on `ClusterFormerModel`: (B, T, num_labels) logits for every token of a long
+    input. Loads `RobertaForTokenClassification` checkpoints 1:1 (``roberta.*``, ``classifier.*``); single texts by
+    default (``input_format="auto"``)."""
+
+    config_class = ClusterFormerConfig
+    config: ClusterFormerConfig
+    input_format = "auto"
+
+    def __init__(self, config: ClusterFormerConfig):
+        ClusterFormerPreTrainedModel.__init__(self, config)
+        self.num_labels = config.num_labels
+        self.roberta = ClusterFormerModel(config, add_pooling_layer=False)
+        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        question_lengths: torch.Tensor | list[int] | None = None,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        output_cluster_assignments: bool = False,
+        return_dict: bool | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        input_format: str | None = None,
+        **kwargs,
+    ) -> ClusterFormerTokenClassifierOutput | tuple:
+        r"""
+        Args:
+            input_ids, attention_mask, token_type_ids, question_lengths, inputs_embeds, input_format: see
+                `ClusterFormerModel.forward`.
+            labels: optional (B, T) label ids, -100 where no loss is taken.
+
+        Returns:
+            `ClusterFormerTokenClassifierOutput` with (B, T, num_labels) logits.
+        """
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        outputs = _encode(self, input_ids, attention_mask, token_type_ids, question_lengths, inputs_embeds, input_format,
+                          output_hidden_states, output_attentions, output_cluster_assignments, kwargs)
+        logits = self.classifier(self.dropout(outputs.last_hidden_state))
+        loss = None
+        if labels is not None:
+            loss = CrossEntropyLoss()(logits.view(-1, self.num_labels), labels.to(logits.device).view(-1))
+        result = ClusterFormerTokenClassifierOutput(loss=loss, logits=logits, **_extras(outputs))
+        return result if return_dict else result.to_tuple()
+
+
+class ClusterFormerForMultipleChoice(RobertaForMultipleChoice, ClusterFormerPreTrainedModel):
+    """`RobertaForMultipleChoice` on `ClusterFormerModel`: every choice is a pair ``<s> question option </s></s>
+    context </s>`` (``tokenizer(question + " " + option, context)``), the question and option the prefix of every
+    window of the long context; a linear score on RoBERTa's pooler over the windows' mean ``<s>`` state.
+
+    Loads `RobertaForMultipleChoice` checkpoints 1:1 (``roberta.*`` with its pooler, ``classifier.*``).
+    """
+
+    config_class = ClusterFormerConfig
+    config: ClusterFormerConfig
+    input_format = "pair"
+
+    def __init__(self, config: ClusterFormerConfig):
+        ClusterFormerPreTrainedModel.__init__(self, config)
+        self.roberta = ClusterFormerModel(config)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.classifier = nn.Linear(config.hidden_size, 1)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        question_lengths: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        output_cluster_assignments: bool = False,
+        return_dict: bool | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        input_format: str | None = None,
+        **kwargs,
+    ) -> ClusterFormerMultipleChoiceOutput | tuple:
+        r"""
+        Args:
+            input_ids: (B, C, T) pair encodings, one per choice; attention_mask, token_type_ids: (B, C, T);
+                question_lengths: optional (B, C); inputs_embeds: (B, C, T, d). Choices run as B * C rows of
+                `ClusterFormerModel.forward` (``input_format`` defaults to ``"pair"``).
+            labels: optional (B,) index of the right choice.
+
+        Returns:
+            `ClusterFormerMultipleChoiceOutput` with (B, C) logits.
+        """
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        reference = input_ids if input_ids is not None else inputs_embeds
+        num_choices = reference.shape[1]
+
+        def flat(tensor):  # (B, C, ...) -> (B * C, ...)
+            return tensor.reshape(-1, *tensor.shape[2:]) if isinstance(tensor, torch.Tensor) else tensor
+
+        outputs = _encode(self, flat(input_ids), flat(attention_mask), flat(token_type_ids), flat(question_lengths),
+                          flat(inputs_embeds), input_format, output_hidden_states, output_attentions,
+                          output_cluster_assignments, kwargs)
+        logits = self.classifier(self.dropout(outputs.pooler_output)).view(-1, num_choices)
+        loss = CrossEntropyLoss()(logits, labels.to(logits.device).view(-1)) if labels is not None else None
+        result = ClusterFormerMultipleChoiceOutput(loss=loss, logits=logits, **_extras(outputs))
+        return result if return_dict else result.to_tuple()
+
+
 __all__ = [
+    "ClusterFormerForMaskedLM",
+    "ClusterFormerForMultipleChoice",
     "ClusterFormerForQuestionAnswering",
+    "ClusterFormerForSequenceClassification",
+    "ClusterFormerForTokenClassification",
     "ClusterFormerModel",
     "ClusterFormerPreTrainedModel",
     "ClusterRouter",
@@ -1277,6 +1597,7 @@ __all__ = [
     "merge_overlaps_",
     "order_centroids_greedy",
     "overlap_slots",
+    "sequence_classification_loss",
     "share_context_states",
     "single_text_rows",
     "sort_into_chunks",
@@ -1290,3 +1611,7 @@ __all__ = [
 ClusterFormerConfig.register_for_auto_class()
 ClusterFormerModel.register_for_auto_class("AutoModel")
 ClusterFormerForQuestionAnswering.register_for_auto_class("AutoModelForQuestionAnswering")
+ClusterFormerForMaskedLM.register_for_auto_class("AutoModelForMaskedLM")
+ClusterFormerForSequenceClassification.register_for_auto_class("AutoModelForSequenceClassification")
+ClusterFormerForTokenClassification.register_for_auto_class("AutoModelForTokenClassification")
+ClusterFormerForMultipleChoice.register_for_auto_class("AutoModelForMultipleChoice")

@@ -8,7 +8,8 @@ templates with their token types, ids or ``inputs_embeds``, located or given que
 
 Checked: hidden states, QA and answerability logits equal the reference (1e-5, fp32); every example equals itself
 run alone; more padding with other values changes no real output, and padding outputs zeros; no NaN/inf; the
-gradients of every trainable parameter (and of ``inputs_embeds``) on one loss are finite and equal the reference's.
+gradients of every trainable parameter (and of ``inputs_embeds``) on the QA loss are finite and equal the reference's
+(1e-5 of the gradient's largest entry where that exceeds 1: fp32 sums over every token grow with it).
 
 The default profile is deterministic and short (`make test`); `make fuzz` runs the long one:
 ``CLUSTERFORMER_FUZZ_EXAMPLES`` examples from the seed ``CLUSTERFORMER_FUZZ_SEED``.
@@ -16,6 +17,7 @@ The default profile is deterministic and short (`make test`); `make fuzz` runs t
 
 from __future__ import annotations
 
+import copy
 import os
 import random
 from dataclasses import dataclass
@@ -33,13 +35,16 @@ from hf_clusterformer import ClusterFormerConfig, ClusterFormerForQuestionAnswer
 TEMPLATES = {"roberta": (0, 1, 2, 2), "bert": (3, 0, 4, 1)}
 VOCAB = 40
 HIDDEN = 16
-TOLERANCE = dict(atol=1e-5, rtol=1e-5)
+#: The model's fp32 outputs and gradients against the reference's (absolute and relative).
+TOLERANCE = 1e-5
+#: Where they differ by more: fp32 rounding (against the fp32 reference) and float64 (against the float64 reference).
+ROUNDING, EXACT = 1e-3, 1e-9
 TYPES = ("sliding", "cluster", "lsh", "sparse")
 
 FUZZ_EXAMPLES = int(os.environ.get("CLUSTERFORMER_FUZZ_EXAMPLES", "0"))
 FUZZ_SEED = os.environ.get("CLUSTERFORMER_FUZZ_SEED")
 PROFILE = settings(
-    max_examples=FUZZ_EXAMPLES or 250,
+    max_examples=FUZZ_EXAMPLES or 200,
     derandomize=not FUZZ_EXAMPLES,  # the default profile draws the same examples on every run
     deadline=None,
     database=None,
@@ -249,9 +254,16 @@ def reference_outputs(reference) -> dict[str, torch.Tensor]:
     return found
 
 
-def assert_same(actual: dict, expected: dict, what: str) -> None:
-    for name, value in expected.items():
-        torch.testing.assert_close(actual[name], value, **TOLERANCE, msg=lambda m: f"{what}, {name}: {m}")
+class NotClose(AssertionError):
+    """Outputs or gradients differ from the reference's by more than the tolerance (fp32 rounding, or a difference)."""
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, tolerance: float, what: str) -> None:
+    """`torch.testing.assert_close` at ``tolerance`` (absolute and relative), failing with `NotClose`."""
+    try:
+        torch.testing.assert_close(actual, expected, atol=tolerance, rtol=tolerance, msg=lambda m: f"{what}: {m}")
+    except AssertionError as error:
+        raise NotClose(str(error)) from None
 
 
 def reference(model, case: Case, inputs: list[torch.Tensor], row: int, output, batch_row: int):
@@ -282,32 +294,71 @@ def loss_of(outputs: list[dict[str, torch.Tensor]], targets: list[dict[str, int]
 def test_model_equals_the_loop_reference(case):
     model = build_model(case)
     inputs = word_inputs(model, case)
-    rows, mask, types, starts = pad(case, inputs)
-    output = run(model, case, rows, mask, types, case.prefixes)
-    lengths = [len(tokens) for tokens in case.examples]
-
-    batched, references = [], []
-    for row, length in enumerate(lengths):
-        batched.append(example_outputs(output, row, starts[row], length))
-        references.append(reference(model, case, inputs, row, output, row))
-        assert_same(batched[row], reference_outputs(references[row]), f"example {row} against the reference")
-        assert all(torch.isfinite(value).all() for value in batched[row].values()), f"example {row}: NaN or inf"
-        assert assignments(output, row) == references[row].ids, f"example {row}: other routed slots or ids"
-    assert all(bool((h[~mask.bool()] == 0).all()) for h in output.hidden_states), "padding states are not zeros"
+    try:
+        output, batched, references = check_reference(model, case, inputs, TOLERANCE)
+    except NotClose:  # fp32 rounding of an ill-conditioned case, or a real difference: float64 tells them apart
+        event("fp32 differs by more than 1e-5: checked in float64")
+        output, batched, references = check_reference(model, case, inputs, ROUNDING)
+        model64 = copy.deepcopy(model).double()
+        inputs64 = [x.detach().double().requires_grad_() for x in inputs] if case.embeds else inputs
+        check_reference(model64, case, inputs64, EXACT)
     describe(case, model.config, output, references)
 
     with torch.no_grad():
         more_rows, more_mask, more_types, more_starts = pad(case, inputs, case.extra_padding, garbage=case.weight_seed)
         more = run(model, case, more_rows, more_mask, more_types, case.prefixes)
-        for row, length in enumerate(lengths):
-            expected = {name: value.detach() for name, value in batched[row].items()}
-            check_variant(model, case, inputs, row, output, expected, more, row, more_starts[row], "with more padding")
-            alone_types = None if types is None else torch.tensor([case.token_types[row]])
-            alone = run(model, case, inputs[row].unsqueeze(0), torch.ones(1, length, dtype=torch.long), alone_types,
-                        case.prefixes[row : row + 1])
-            check_variant(model, case, inputs, row, output, expected, alone, 0, 0, "run alone")
+        for row, tokens in enumerate(case.examples):
+            check_variant(model, case, inputs, row, output, batched[row], more, row, more_starts[row], "more padded")
+            alone_types = None if case.token_types is None else torch.tensor([case.token_types[row]])
+            alone_mask = torch.ones(1, len(tokens), dtype=torch.long)
+            alone = run(model, case, inputs[row].unsqueeze(0), alone_mask, alone_types, case.prefixes[row : row + 1])
+            check_variant(model, case, inputs, row, output, batched[row], alone, 0, 0, "run alone")
 
-    check_gradients(model, case, inputs, batched, [reference_outputs(r) for r in references])
+
+def check_reference(model, case: Case, inputs: list[torch.Tensor], tolerance: float):
+    """The batch's outputs and the gradients of the QA loss at drawn targets equal the reference's.
+
+    Checked first (an AssertionError): finite outputs and gradients, the same routed slots and ids, zeros at padding,
+    a gradient for every trainable parameter (and ``inputs_embeds``) but the word table when ``inputs_embeds`` replace
+    it. Then (`NotClose`): outputs within ``tolerance``, gradients within ``tolerance`` of their largest entry where
+    that exceeds 1 (a gradient sums over every token and window copy, and so does its rounding).
+
+    Returns:
+        the model's output, per example its detached real outputs (`example_outputs`), and the references.
+    """
+    rows, mask, types, starts = pad(case, inputs)
+    output = run(model, case, rows, mask, types, case.prefixes)
+    batched, references = [], []
+    for row, tokens in enumerate(case.examples):
+        batched.append(example_outputs(output, row, starts[row], len(tokens)))
+        references.append(reference(model, case, inputs, row, output, row))
+        assert all(torch.isfinite(value).all() for value in batched[row].values()), f"example {row}: NaN or inf"
+        assert assignments(output, row) == references[row].ids, f"example {row}: other routed slots or ids"
+    assert all(bool((h[~mask.bool()] == 0).all()) for h in output.hidden_states), "padding states are not zeros"
+
+    expected = [reference_outputs(r) for r in references]
+    generator = torch.Generator().manual_seed(case.weight_seed + 1)
+    targets = [{name: int(torch.randint(0, len(value), (), generator=generator))
+                for name, value in found.items() if name != "hidden"} for found in batched]
+    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    if case.embeds:
+        named += [(f"inputs_embeds[{row}]", x) for row, x in enumerate(inputs)]
+    leaves = [p for _, p in named]
+    ours = torch.autograd.grad(loss_of(batched, targets), leaves, allow_unused=True)
+    theirs = torch.autograd.grad(loss_of(expected, targets), leaves, allow_unused=True)
+    for (name, _), a, b in zip(named, ours, theirs):
+        unused = case.embeds and name.endswith("word_embeddings.weight")
+        assert (a is None) == unused and (b is None) == unused, f"{name}: gradient presence differs"
+        assert a is None or torch.isfinite(a).all(), f"{name}: non-finite gradient"
+
+    for row, found in enumerate(batched):
+        for name, value in expected[row].items():
+            assert_close(found[name], value, tolerance, f"example {row}, {name}, against the reference")
+    for (name, _), a, b in zip(named, ours, theirs):
+        if a is not None:
+            scale = max(1.0, float(b.abs().max()))
+            assert_close(a / scale, b / scale, tolerance, f"gradient of {name} (divided by {scale:.3g})")
+    return output, [{name: value.detach() for name, value in found.items()} for found in batched], references
 
 
 def check_variant(model, case: Case, inputs, row: int, batched, expected: dict, variant, variant_row: int, start: int,
@@ -320,30 +371,11 @@ def check_variant(model, case: Case, inputs, row: int, batched, expected: dict, 
     assert all(torch.isfinite(value).all() for value in found.values()), f"example {row} {what}: NaN or inf"
     if assignments(variant, variant_row) != assignments(batched, row):
         expected = reference_outputs(reference(model, case, inputs, row, variant, variant_row))
-    assert_same(found, expected, f"example {row} {what}")
+    for name, value in expected.items():
+        assert_close(found[name], value, TOLERANCE, f"example {row} {what}, {name}")
     padding = torch.ones(variant.start_logits.shape[1], dtype=torch.bool)
     padding[start : start + length] = False
     assert all(bool((h[variant_row, padding] == 0).all()) for h in variant.hidden_states), f"{what}: padding not zeros"
-
-
-def check_gradients(model, case: Case, inputs, batched: list[dict], references: list[dict]) -> None:
-    """The QA loss at drawn targets gives every trainable parameter (and ``inputs_embeds``) a finite gradient equal
-    to the reference's; only the word table has none when ``inputs_embeds`` replace it."""
-    generator = torch.Generator().manual_seed(case.weight_seed + 1)
-    targets = [{name: int(torch.randint(0, len(value), (), generator=generator))
-                for name, value in found.items() if name != "hidden"} for found in batched]
-    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-    if case.embeds:
-        named += [(f"inputs_embeds[{row}]", x) for row, x in enumerate(inputs)]
-    leaves = [p for _, p in named]
-    ours = torch.autograd.grad(loss_of(batched, targets), leaves, allow_unused=True)
-    theirs = torch.autograd.grad(loss_of(references, targets), leaves, allow_unused=True)
-    for (name, _), a, b in zip(named, ours, theirs):
-        unused = case.embeds and name.endswith("word_embeddings.weight")
-        assert (a is None) == unused and (b is None) == unused, f"{name}: gradient presence differs"
-        if a is not None:
-            assert torch.isfinite(a).all(), f"{name}: non-finite gradient"
-            torch.testing.assert_close(a, b, **TOLERANCE, msg=lambda m: f"gradient of {name}: {m}")
 
 
 def describe(case: Case, config: ClusterFormerConfig, output, references) -> None:

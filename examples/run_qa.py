@@ -16,10 +16,19 @@ Examples:
     python examples/run_qa.py --model_name_or_path ./roberta-base --train_file train.json \
         --validation_file dev.json --cluster_layers 8 10 --output_dir out --do_train --do_eval
 
-Run with ``--help`` for every option (model, data, centroid and TrainingArguments).
+Run with ``--help`` for every option (model, data, centroid and TrainingArguments). A bad input (an output folder
+that holds a model without ``--overwrite``, a data file, an option) stops it with one line on stderr, exit status 2.
 """
+
+import sys
+
+from safetensors import SafetensorError
 
 from hf_clusterformer.qa_training import main
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (OSError, ValueError, SafetensorError) as error:  # an output folder that holds a model, data, options
+        print(f"run_qa.py: error: {' '.join(str(error).split())}", file=sys.stderr)
+        sys.exit(2)

@@ -12,7 +12,6 @@ import argparse
 import contextlib
 import json
 import os
-import socket
 import sys
 import time
 from collections import Counter
@@ -72,49 +71,46 @@ def _read_inputs(args: argparse.Namespace) -> tuple[str, str]:
     return args.question, context
 
 
-def _looks_local(path: str) -> bool:
-    """Whether a model argument is meant as a directory rather than a Hub id (``name`` or ``user/name``)."""
-    return path.startswith((".", "/", "~")) or path.count("/") > 1 or path.endswith("/") or (
-        "/" in path and os.path.isdir(path.split("/")[0])
-    )
-
-
-def hub_unreachable() -> str | None:
-    """Why the Hub endpoint cannot be reached (one quick connection, no retries), or ``None`` when it can (or a proxy
-    decides)."""
-    from urllib.parse import urlsplit
-
-    from huggingface_hub import constants
-
-    if constants.HF_HUB_OFFLINE:
-        return "HF_HUB_OFFLINE is set"
-    if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY")):
-        return None
-    url = urlsplit(constants.ENDPOINT)
-    try:
-        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=5).close()
-    except OSError as error:
-        return f"{constants.ENDPOINT} cannot be reached ({error.strerror or error})"
-    return None
-
-
 def check_model_path(path: str, option: str = "checkpoint") -> None:
-    """Fail fast on a missing local checkpoint directory, or on a Hub id when the Hub cannot be reached."""
-    if os.path.isfile(path):
-        raise CommandError(f"{option} {path} is a file; give the checkpoint directory (with config.json).")
-    if os.path.isdir(path):
-        if not os.path.isfile(os.path.join(path, "config.json")):
-            raise CommandError(f"{option} {path} has no config.json; give a checkpoint directory.")
-        return
-    if _looks_local(path):
-        raise CommandError(f"{option} directory {path} does not exist.")
-    from huggingface_hub import try_to_load_from_cache
+    """Fail fast on a missing local checkpoint directory, or on a Hub id when the Hub cannot be reached
+    (`hf_clusterformer.pipeline.check_checkpoint_source`)."""
+    from hf_clusterformer.pipeline import check_checkpoint_source
 
-    reason = hub_unreachable()
-    if reason and not isinstance(try_to_load_from_cache(path, "config.json"), str):
+    try:
+        check_checkpoint_source(path, option)
+    except (OSError, TypeError) as error:
+        raise CommandError(str(error)) from error
+
+
+def check_cluster_former(path: str, command: str) -> None:
+    """Refuse a plain RoBERTa or BERT checkpoint where a Cluster-Former one is needed (predict, inspect, card, push),
+    saying what loading it would add and how to convert it."""
+    from transformers import PretrainedConfig
+
+    try:
+        config, _ = PretrainedConfig.get_config_dict(path)
+    except (OSError, ValueError) as error:
+        raise CommandError(f"could not load a Cluster-Former checkpoint from {path}: {error}") from error
+    kind = config.get("model_type")
+    if kind == "clusterformer":
+        return
+    if kind not in ("roberta", "bert"):
+        raise CommandError(f"{path} is a {kind!r} checkpoint, not a Cluster-Former one; give a Cluster-Former checkpoint.")
+    if command not in ("predict", "inspect"):
         raise CommandError(
-            f"{option} {path} is not a local directory, and the Hub is out of reach: {reason}; give an existing directory."
+            f"{path} is a plain {kind} checkpoint, not a Cluster-Former one; convert it first (`clusterformer convert "
+            f"{path} OUT`, which adds the cluster layers and can --push-to) and {command} OUT."
         )
+    from hf_clusterformer.configuration_clusterformer import ClusterFormerConfig, default_cluster_layers
+
+    layers = default_cluster_layers(config.get("num_hidden_layers", 12))
+    window, stride = ClusterFormerConfig.window_size, ClusterFormerConfig.window_stride
+    raise CommandError(
+        f"{path} is a plain {kind} checkpoint, not a Cluster-Former one: {command} would add cluster layers {layers} "
+        f"with random, never-fitted centroids and windows {window}/{stride} to it. Convert it first: `clusterformer "
+        f"convert {path} OUT` (--cluster-layers with no value keeps sliding windows only), then fine-tune OUT "
+        "(`clusterformer train --model_name_or_path OUT`)."
+    )
 
 
 def _weights_error(path: str, error: Exception) -> str:
@@ -135,15 +131,16 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vo
                     "sentencepiece.bpe.model", "tokenizer.model")
 
 
-def _load_qa_model(path: str, max_context_length: int | None = None):
-    """A Cluster-Former QA model (from a Cluster-Former, RoBERTa or BERT-family checkpoint) and its tokenizer from a
-    checkpoint directory or Hub id, with clear errors."""
+def _load_qa_model(path: str, max_context_length: int | None = None, command: str = "predict"):
+    """A Cluster-Former QA model and its tokenizer from a checkpoint directory or Hub id, with clear errors (a plain
+    RoBERTa or BERT checkpoint is refused: `check_cluster_former`)."""
     from safetensors import SafetensorError
     from transformers import AutoTokenizer
 
     from hf_clusterformer.hub import load_qa_model
 
     check_model_path(path)
+    check_cluster_former(path, command)
     options = {} if max_context_length is None else {"max_context_length": max_context_length}
     try:
         model = load_qa_model(path, **options)
@@ -192,7 +189,7 @@ def _option_value(argv: list[str], name: str) -> str | None:
     return None
 
 
-def _cmd_train(argv: list[str], evaluate_only: bool) -> int:
+def _cmd_train(argv: list[str], evaluate_only: bool, quiet: bool = False) -> int:
     from safetensors import SafetensorError
 
     from hf_clusterformer.qa_training import main as run_qa
@@ -207,6 +204,8 @@ def _cmd_train(argv: list[str], evaluate_only: bool) -> int:
     evaluate = evaluate_only or not (_option_value(argv, "train_file") and not _option_value(argv, "validation_file"))
     flags = (["--do_train"] if not evaluate_only else []) + (["--do_eval"] if evaluate else [])
     argv = list(argv) + [flag for flag in flags if flag.replace("-", "_") not in given]
+    if "__disable_tqdm" not in given:  # the Trainer's progress bar, unless -q (quiet loading would turn it off)
+        argv += ["--disable_tqdm", str(quiet)]
     if "__output_dir" not in given:
         argv += ["--output_dir", "outputs/run_qa"]
     try:
@@ -260,10 +259,13 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
     question, context = _read_inputs(args)
     if args.plot:
-        folder = Path(args.plot).resolve().parent
-        if not folder.is_dir():
-            raise CommandError(f"--plot {args.plot}: folder {folder} does not exist; create it or give another path.")
-    model, tokenizer = _load_qa_model(args.model, args.max_context_length)
+        from hf_clusterformer.inspection import check_plot_path
+
+        try:
+            check_plot_path(args.plot, args.overwrite)
+        except (OSError, ValueError) as error:
+            raise CommandError(f"--plot {error}") from error
+    model, tokenizer = _load_qa_model(args.model, args.max_context_length, "inspect")
     try:
         report = inspect_clusters(model, tokenizer, question, context, layer=args.layer)
     except ValueError as error:
@@ -271,7 +273,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     print(report.format(max_clusters=args.max_clusters))
     if args.plot:
         try:
-            print(f"plot written to {report.plot(args.plot)}")
+            print(f"plot written to {report.plot(args.plot, overwrite=args.overwrite)}")
         except ImportError as error:
             raise CommandError(f"--plot {args.plot}: {error}") from error
     return 0
@@ -308,8 +310,12 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 
 def _cmd_push(args: argparse.Namespace) -> int:
+    if os.path.isfile(args.checkpoint):
+        raise CommandError(f"checkpoint {args.checkpoint} is a file; give the checkpoint directory (with config.json).")
     if not os.path.isdir(args.checkpoint):
         raise CommandError(f"checkpoint directory {args.checkpoint} does not exist.")
+    check_model_path(args.checkpoint)
+    check_cluster_former(args.checkpoint, "push")
     return _push(args.checkpoint, args.repo_id, private=args.private, message=args.message)
 
 
@@ -318,9 +324,14 @@ def _push(checkpoint: str, repo_id: str, private: bool = False, message: str | N
     import httpx
     from huggingface_hub.errors import HfHubHTTPError
 
-    from hf_clusterformer.hub import hub_files, push_model
+    from hf_clusterformer.hub import check_hub_checkpoint, hub_files, push_model
+    from hf_clusterformer.pipeline import hub_unreachable
 
     target = f"{checkpoint} to {repo_id}"
+    problems = check_hub_checkpoint(checkpoint, hub_files(checkpoint)[0])  # before any connection
+    if problems:
+        raise CommandError(f"refusing to push {checkpoint}: {'; '.join(problems)}; write checkpoints with "
+                           "`clusterformer train` or hf_clusterformer.hub.save_for_hub.")
     try:
         reason = hub_unreachable()
         if reason:
@@ -359,7 +370,8 @@ def build_parser(model_options: bool = False) -> argparse.ArgumentParser:
         prog="clusterformer",
         description="Cluster-Former: long-context extractive QA with clustering-based sparse attention.",
         epilog="Options take dashes or underscores (--max-answer-length or --max_answer_length). -v (--verbose) "
-               "shows progress bars and the libraries' loading reports.",
+               "shows progress bars and the libraries' loading reports; -q (--quiet) hides the progress bar of "
+               "train and evaluate.",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     commands.required = True
@@ -403,7 +415,9 @@ def build_parser(model_options: bool = False) -> argparse.ArgumentParser:
             command.add_argument("--layer", type=int, default=None, help="cluster layer index (default: the first)")
             command.add_argument("--max-clusters", type=_positive_int, default=20)
             command.add_argument("--plot", default=None,
-                                 help="write a PNG of cluster id against position (needs matplotlib)")
+                                 help="write a plot of cluster id against position to this .png, .pdf or .svg file "
+                                      "(needs matplotlib)")
+            command.add_argument("--overwrite", action="store_true", help="replace an existing --plot file")
 
     convert = commands.add_parser(
         "convert",
@@ -415,7 +429,7 @@ def build_parser(model_options: bool = False) -> argparse.ArgumentParser:
     convert.add_argument("output_dir")
     convert.add_argument("--num-hidden-layers", type=int, default=None, help="keep only the first N layers")
     convert.add_argument("--overwrite", action="store_true",
-                         help="replace a model already in OUTPUT_DIR (the whole folder, in one rename)")
+                         help="replace a model already in OUTPUT_DIR (its files, in one rename; other files are kept)")
     convert.add_argument("--seed", type=int, default=0, help="seed of the newly initialised weights (default: %(default)s)")
     convert.add_argument("--push-to", default=None, help="Hub repo id to push the result to")
     convert.add_argument("--private", action="store_true")
@@ -461,7 +475,8 @@ def _quiet(verbose: bool, datasets_bars: bool = False) -> Iterator[None]:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     verbose = any(token in ("-v", "--verbose") for token in argv)
-    argv = [token for token in argv if token not in ("-v", "--verbose")]
+    quiet = any(token in ("-q", "--quiet") for token in argv)
+    argv = [token for token in argv if token not in ("-v", "--verbose", "-q", "--quiet")]
     try:
         if argv and argv[0] in ("train", "evaluate"):
             training_help = "--help-training" in argv[1:]
@@ -471,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
                 print_help(prog=f"clusterformer {argv[0]}", training=training_help)
                 raise SystemExit(0)
             with _quiet(verbose, datasets_bars=True):
-                return _cmd_train(argv[1:], evaluate_only=argv[0] == "evaluate")
+                return _cmd_train(argv[1:], evaluate_only=argv[0] == "evaluate", quiet=quiet)
         if argv and argv[0] == "card":
             from hf_clusterformer.modelcard import main as card
 

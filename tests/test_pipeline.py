@@ -215,7 +215,18 @@ def test_impossible_answer_from_the_answerability_head(tokenizer):
     assert [a["score"] for b in batched for a in b] == pytest.approx([a["score"] for b in single for a in b], rel=1e-4)
 
 
-def test_impossible_answer_without_head_uses_the_start_token(qa, model, tokenizer):
+def test_impossible_answer_without_head_uses_the_start_token(qa, tokenizer):
+    """A Cluster-Former model without the answerability head refuses it; a plain RoBERTa QA model scores the empty
+    answer by its ``<s>`` token (the SQuAD 2.0 convention)."""
+    with pytest.raises(ValueError, match="needs the answerability head"):
+        qa(question=QUESTION, context=CONTEXT, handle_impossible_answer=True)
+    from transformers import RobertaConfig, RobertaForQuestionAnswering
+
+    config = RobertaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           intermediate_size=64, max_position_embeddings=514, pad_token_id=1, type_vocab_size=1)
+    torch.manual_seed(0)
+    model = RobertaForQuestionAnswering(config).eval()
+    qa = make_pipeline(model=model, tokenizer=tokenizer, device="cpu")
     logits, out, _ = _span_logits(model, tokenizer, QUESTION, CONTEXT, 15)
     null = float(out.start_logits[0, 0] + out.end_logits[0, 0])
     expected = _softmax({**logits, "null": null})

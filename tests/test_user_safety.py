@@ -89,7 +89,7 @@ def _siblings(path: Path) -> list[str]:
 # -- never lose a user's work -----------------------------------------------------------------------------------------
 
 
-def test_convert_refuses_a_folder_with_a_model_and_overwrite_replaces_it_whole(work, roberta, capsys):
+def test_convert_refuses_a_folder_with_a_model_and_overwrite_replaces_the_model(work, roberta, capsys):
     out = work / "twice"
     assert main(["convert", str(roberta), str(out), *SMALL]) == 0
     (out / "checkpoint-7").mkdir()
@@ -98,7 +98,7 @@ def test_convert_refuses_a_folder_with_a_model_and_overwrite_replaces_it_whole(w
     _error(capsys, ["convert", str(roberta), str(out), *SMALL, "--num-clusters", "8"], str(out), "--overwrite")
     assert (out / "model.safetensors").read_bytes() == before and (out / "checkpoint-7").is_dir()
     assert main(["convert", str(roberta), str(out), *SMALL, "--num-clusters", "8", "--overwrite"]) == 0
-    assert not (out / "checkpoint-7").exists()  # the whole old model is replaced, not mixed with the new one
+    assert not (out / "checkpoint-7").exists()  # the old model's files are replaced, not mixed with the new one
     assert json.loads((out / "config.json").read_text(encoding="utf-8"))["num_clusters"] == 8
     assert _siblings(out) == []  # no temporary folder left behind
 
@@ -136,9 +136,10 @@ def test_predict_refuses_a_new_qa_head_and_says_how_to_train(work, converted, ro
     assert config["untrained_weights"]["names"] == ["qa_outputs.bias", "qa_outputs.weight"]
     assert "never trained" in (converted / "README.md").read_text(encoding="utf-8")
     context = str(work / "context.txt")
-    for model in (converted, roberta):  # a converted folder, and a plain encoder converted on the fly
-        _error(capsys, ["predict", str(model), "--question", QUESTION, "--context-file", context],
-               str(model), "never trained", "clusterformer train", "--allow-untrained")
+    _error(capsys, ["predict", str(converted), "--question", QUESTION, "--context-file", context],
+           str(converted), "never trained", "clusterformer train", "--allow-untrained")
+    _error(capsys, ["predict", str(roberta), "--question", QUESTION, "--context-file", context, "--allow-untrained"],
+           str(roberta), "plain roberta checkpoint", "clusterformer convert")  # not converted on the fly
     assert main(["predict", str(converted), "--question", QUESTION, "--context-file", context, "--allow-untrained"]) == 0
 
 
@@ -168,7 +169,7 @@ def test_evaluate_refuses_an_untrained_head(converted, work, capsys):
 # -- BERT-family checkpoints ------------------------------------------------------------------------------------------
 
 
-def test_predict_loads_a_bert_qa_checkpoint_directly(work, capsys):
+def test_predict_takes_a_bert_qa_checkpoint_once_converted(work, capsys):
     words = sorted({w.strip(".,?").lower() for w in " ".join([*SENTENCES, QUESTION]).split()})
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ",", "?", *words]
     path = work / "bert-qa"
@@ -177,8 +178,11 @@ def test_predict_loads_a_bert_qa_checkpoint_directly(work, capsys):
     config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                         intermediate_size=64, max_position_embeddings=512, pad_token_id=0)
     BertForQuestionAnswering(config).save_pretrained(path)
+    question = ["--question", QUESTION, "--context-file", str(work / "context.txt"), "--json"]
+    _error(capsys, ["predict", str(path), *question], "plain bert checkpoint", f"clusterformer convert {path} OUT")
+    assert main(["convert", str(path), str(work / "bert-converted"), *SMALL]) == 0  # its QA head carries over
     capsys.readouterr()
-    assert main(["predict", str(path), "--question", QUESTION, "--context-file", str(work / "context.txt"), "--json"]) == 0
+    assert main(["predict", str(work / "bert-converted"), *question]) == 0
     answer = json.loads(capsys.readouterr().out)["answers"][0]
     assert answer["answer"] == CONTEXT[answer["start"]:answer["end"]] and answer["answer"]
 
@@ -242,18 +246,18 @@ def test_question_answering_task_after_the_import(converted, tmp_path):
 
 
 def test_every_card_snippet_runs(tmp_path, tokenizer):
-    """The plugin snippet runs with the package; the others where it cannot be imported, without a prompt."""
+    """The plugin snippet runs with the package, as printed; the other where it cannot be imported, without a
+    prompt."""
     torch.manual_seed(0)
     model = ClusterFormerForQuestionAnswering(tiny_config(vocab_size=len(tokenizer), max_question_length=32))
     folder = save_for_hub(model, tokenizer, tmp_path / "card-model")
     card = (folder / "README.md").read_text(encoding="utf-8")
     blocks = re.findall(r"```python\n(.*?)```", card, flags=re.S)
     assert len(blocks) == 2 and "trust_remote_code=True" in blocks[1].split("AutoTokenizer.from_pretrained")[1]
-    prelude = f"import sys\nlong_text = {CONTEXT!r}\n"
-    with_plugin = subprocess.run([sys.executable, "-c", prelude + blocks[0].replace("path/to/checkpoint", str(folder))],
+    with_plugin = subprocess.run([sys.executable, "-c", blocks[0].replace("path/to/checkpoint", str(folder))],
                                  capture_output=True, text=True, env=ENV, stdin=subprocess.DEVNULL, timeout=120)
     assert with_plugin.returncode == 0, with_plugin.stderr[-3000:]
-    without = _without_package("\n" + prelude + blocks[1].replace("path/to/checkpoint", str(folder)))
+    without = _without_package("\n" + blocks[1].replace("path/to/checkpoint", str(folder)))
     assert without.returncode == 0, without.stderr[-3000:]
 
 
@@ -338,9 +342,9 @@ def test_evaluate_records_the_evaluated_model(work, capsys):
     assert recorded["model_name_or_path"] == str(path) and recorded["layer_types"] == config.layer_types
 
 
-def test_commands_are_quiet_unless_verbose(roberta, work):
+def test_commands_are_quiet_unless_verbose(converted, work):
     """No progress bars or loading reports by default; the unfitted-centroid warning once; -v shows the rest."""
-    command = [sys.executable, "-m", "hf_clusterformer_cli", "predict", str(roberta), "--question", QUESTION,
+    command = [sys.executable, "-m", "hf_clusterformer_cli", "predict", str(converted), "--question", QUESTION,
                "--context-file", str(work / "context.txt"), "--allow-untrained"]
     quiet = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=180)
     assert quiet.returncode == 0, quiet.stderr[-2000:]

@@ -138,7 +138,8 @@ class ClusterFormerConfig(RobertaConfig):
     @classmethod
     def get_config_dict(cls, *args, **kwargs):
         """A RoBERTa checkpoint's config becomes a Cluster-Former one (said once, instead of transformers' warning
-        about a model of another type); a BERT-family one is refused in one line naming the loader that maps it."""
+        about a model of another type); a BERT-family one is refused in one line naming the loader that maps it, and
+        any other type (GPT-2, T5, ...) in one line instead of loading a random model."""
         config_dict, kwargs = super().get_config_dict(*args, **kwargs)
         if config_dict.get("model_type") == "bert":
             source = args[0] if args else "this checkpoint"
@@ -146,6 +147,13 @@ class ClusterFormerConfig(RobertaConfig):
                 f"{source} is a BERT-family checkpoint, whose weights need mapping to RoBERTa's layout: load it with "
                 f"hf_clusterformer.hub.load_qa_model({str(source)!r}) or convert it once with "
                 f"`clusterformer convert {source} OUT_DIR`."
+            )
+        if config_dict.get("model_type") not in (None, "roberta", cls.model_type):
+            source = args[0] if args else "this checkpoint"
+            raise ValueError(
+                f"{source} is a {config_dict['model_type']!r} checkpoint, whose weights Cluster-Former cannot use; give "
+                "a RoBERTa or Cluster-Former checkpoint (BERT-family ones through hf_clusterformer.hub.load_qa_model "
+                "or `clusterformer convert`)."
             )
         if config_dict.get("model_type") == "roberta":
             if not getattr(cls, "_extending_said", False):

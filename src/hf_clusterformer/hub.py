@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hf_clusterformer_cli_support import MODEL_FILE_NAMES, MODEL_FILE_PATTERNS, RESULT_FILES, owned_by_model
 import torch
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.dynamic_module_utils import get_imports
@@ -41,7 +42,7 @@ from .modeling_clusterformer import (
     ClusterFormerForTokenClassification,
     ClusterFormerModel,
 )
-from .pipeline import TASK, UNTRAINED_WEIGHTS, mark_untrained, untrained_weights
+from .pipeline import TASK, UNTRAINED_WEIGHTS, check_checkpoint_source, mark_untrained, untrained_weights
 
 __all__ = [
     "CODE_FILES",
@@ -54,6 +55,14 @@ __all__ = [
     "check_context_length",
     "ModelFolderExistsError",
     "check_output_dir",
+    "check_result_files",
+    "check_centroid_memory",
+    "checkpoint_model_type",
+    "default_mode",
+    "owned_by_model",
+    "MODEL_FILE_NAMES",
+    "MODEL_FILE_PATTERNS",
+    "RESULT_FILES",
     "holds_model",
     "writing_model_dir",
     "check_hub_checkpoint",
@@ -98,7 +107,7 @@ _MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.jso
 
 
 class ModelFolderExistsError(FileExistsError):
-    """The output folder already holds a model and ``overwrite`` was not given."""
+    """The output folder already holds a model (or a run's records) and ``overwrite`` was not given."""
 
 
 def holds_model(path: str | os.PathLike) -> bool:
@@ -108,25 +117,54 @@ def holds_model(path: str | os.PathLike) -> bool:
     return path.is_dir() and any((path / name).exists() for name in _MODEL_FILES)
 
 
-def check_output_dir(path: str | os.PathLike, overwrite: bool = False, option: str = "overwrite=True") -> None:
-    """Raise `ModelFolderExistsError` when ``path`` holds a model and ``overwrite`` is false, and
-    `NotADirectoryError` when it is a file; ``option`` names the switch in the message (``--overwrite``)."""
+def check_output_dir(
+    path: str | os.PathLike, overwrite: bool = False, option: str = "overwrite=True", results: Sequence[str] = (),
+) -> None:
+    """Raise `ModelFolderExistsError` when ``path`` holds a model (or one of the records named in ``results``) and
+    ``overwrite`` is false, and `NotADirectoryError` when it is a file; ``option`` names the switch in the
+    message (``--overwrite``)."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise NotADirectoryError(f"output folder {path} is a file; give a folder.")
-    if not overwrite and holds_model(path):
+    if overwrite:
+        return
+    if holds_model(path):
         raise ModelFolderExistsError(
-            f"output folder {path} already holds a model; pass {option} to replace it, or give another folder."
+            f"output folder {path} already holds a model; pass {option} to replace the model's files (other files "
+            "are kept), or give another folder."
         )
+    check_result_files(path, results, overwrite, option)
+
+
+def check_result_files(path: str | os.PathLike, names: Sequence[str], overwrite: bool = False,
+                       option: str = "overwrite=True") -> None:
+    """Raise `ModelFolderExistsError` when one of the record files ``names`` exists in folder ``path`` and
+    ``overwrite`` is false (a run's results, which ``clusterformer card`` reads)."""
+    existing = [name for name in names if (Path(path) / name).exists()]
+    if existing and not overwrite:
+        raise ModelFolderExistsError(
+            f"output folder {path} already holds {', '.join(existing)} of an earlier run; pass {option} to replace "
+            "them, or give another --output_dir."
+        )
+
+
+def default_mode(directory: bool = False) -> int:
+    """The mode a new file (``0o666``) or folder (``0o777``) gets under the process umask (0644 / 0755 under the
+    usual 022)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return (0o777 if directory else 0o666) & ~umask
 
 
 @contextlib.contextmanager
 def writing_model_dir(path: str | os.PathLike, overwrite: bool = False, option: str = "overwrite=True") -> Iterator[Path]:
     """Write a model into a sibling temporary folder, then put it in place of ``path`` in one rename.
 
-    Refuses (before anything is written) a ``path`` that holds a model unless ``overwrite``; with it, the whole old
-    folder is replaced. A failure or interruption removes the temporary folder and leaves ``path`` as it was. Files
-    already in a ``path`` that holds no model are kept.
+    Refuses (before anything is written) a ``path`` that holds a model unless ``overwrite``; with it, the old model's
+    own files (`owned_by_model`: config, weights, tokenizer, card, records, Trainer checkpoints) are replaced and
+    every other file in the folder is kept. A folder without a model keeps all its files that the new model does not
+    write. A failure or interruption removes the temporary folder and leaves ``path`` as it was. The folder gets the
+    usual mode (`default_mode`), not the temporary folder's 0700.
     """
     path = Path(path)
     check_output_dir(path, overwrite, option)
@@ -134,9 +172,11 @@ def writing_model_dir(path: str | os.PathLike, overwrite: bool = False, option: 
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
     try:
         yield staging
-        if path.is_dir() and not holds_model(path):  # e.g. an empty folder, or one with the user's other files
+        os.chmod(staging, default_mode(directory=True))
+        if path.is_dir():
+            replaced = holds_model(path)  # the old model's own files go with it
             for child in path.iterdir():
-                if not (staging / child.name).exists():
+                if not (staging / child.name).exists() and not (replaced and owned_by_model(child.name)):
                     os.replace(child, staging / child.name)
         previous = None
         if path.exists():
@@ -187,7 +227,6 @@ def _is_question_answering(model: PreTrainedModel) -> bool:
 
 def _is_head(model: PreTrainedModel) -> bool:
     return type(model).__name__ in HEAD_AUTO_CLASSES
-
 
 
 def prepare_for_hub(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None = None) -> None:
@@ -429,6 +468,45 @@ def check_context_length(value: int | None, option: str = "max_context_length") 
         raise ValueError(f"{option} must be an integer from 1 to {MAX_CONTEXT_LENGTH}, got {value!r}.")
 
 
+def _memory_bytes() -> int:
+    """This machine's physical memory (16 GiB where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return 16 << 30
+
+
+def _size(count: float) -> str:
+    for unit in ("bytes", "KB", "MB", "GB", "TB", "PB"):
+        if count < 1000 or unit == "PB":
+            return f"{count:.0f} {unit}" if unit == "bytes" else f"{count:.1f} {unit}"
+        count /= 1000
+    raise AssertionError  # unreachable
+
+
+def check_centroid_memory(config: ClusterFormerConfig, option: str = "num_clusters") -> None:
+    """Raise `ValueError` when the centroids (or LSH projections) of ``config`` would take more than a quarter of
+    this machine's memory, naming ``option`` and the largest value that fits (instead of running out of memory)."""
+    routed = sum(layer_type in ("cluster", "lsh") for layer_type in config.layer_types)
+    if not routed:
+        return
+    per_cluster = config.hidden_size * 4 * routed  # float32 rows, one table per cluster/LSH layer
+    memory = _memory_bytes()
+    bound = max(1, memory // 4 // per_cluster)
+    if config.num_clusters > bound:
+        raise ValueError(
+            f"{option} {config.num_clusters} needs {_size(config.num_clusters * per_cluster)} of centroids "
+            f"({config.num_clusters} x hidden size {config.hidden_size} x 4 bytes x {routed} layers), more than a "
+            f"quarter of this machine's memory ({_size(memory)}); give at most {bound} (the paper uses 64 to 512)."
+        )
+
+
+def checkpoint_model_type(path: str | os.PathLike, **hub_kwargs: Any) -> str | None:
+    """The ``model_type`` in the ``config.json`` of a checkpoint directory or Hub id (``None`` when it has none)."""
+    config, _ = PretrainedConfig.get_config_dict(path, **hub_kwargs)
+    return config.get("model_type")
+
+
 #: Source model types `convert_checkpoint` takes.
 CONVERTIBLE_TYPES = ("roberta", "bert", ClusterFormerConfig.model_type)
 #: BERT configuration fields that carry over unchanged.
@@ -553,6 +631,7 @@ def convert_checkpoint(
         ValueError: ``src`` is not of a convertible type, or the options are invalid (e.g. windows that do not fit
         the position table). TypeError: an option that is not a model option.
     """
+    src = check_checkpoint_source(src, "src")
     if task not in TASK_CLASSES:
         raise ValueError(f"task must be one of {', '.join(TASK_CLASSES)}, got {task!r}.")
     check_output_dir(dst, overwrite)
@@ -616,6 +695,20 @@ def _conversion_tokenizer(
         return None
 
 
+def _plain_values(source: PretrainedConfig) -> dict[str, Any]:
+    """A RoBERTa or Cluster-Former config's values without what names its file, class or code."""
+    dropped = ("model_type", "architectures", "auto_map", "custom_pipelines", "transformers_version", "_name_or_path")
+    return {k: v for k, v in source.to_dict().items() if k not in dropped}
+
+
+def _merged_config(values: Mapping[str, Any], options: Mapping[str, Any]) -> ClusterFormerConfig:
+    """A source's config values with the given model options over them (``layer_types`` replaces a source's
+    shortcuts of its layer types)."""
+    if "layer_types" in options:
+        values = {k: v for k, v in values.items() if k not in ("cluster_layers", "global_layer_type")}
+    return ClusterFormerConfig(**{**values, **options})
+
+
 def _converted_model(src, source, tokenizer, options, hub_kwargs, task: str = "qa") -> tuple[PreTrainedModel, list[str]]:
     """The Cluster-Former model of a source checkpoint with the ``task`` head (`TASK_CLASSES`), and the names of its
     parameters the source lacks (the router buffers excluded)."""
@@ -624,12 +717,10 @@ def _converted_model(src, source, tokenizer, options, hub_kwargs, task: str = "q
     if source.model_type == "bert":
         values, state = _bert_as_roberta(src, source, tokenizer, hub_kwargs, task)
     else:
-        dropped = ("model_type", "architectures", "auto_map", "custom_pipelines", "transformers_version", "_name_or_path")
-        values = {k: v for k, v in source.to_dict().items() if k not in dropped}
-    if "layer_types" in options:  # they replace a Cluster-Former source's shortcuts of its layer types
-        values = {k: v for k, v in values.items() if k not in ("cluster_layers", "global_layer_type")}
-    config = ClusterFormerConfig(**{**values, **options})
+        values = _plain_values(source)
+    config = _merged_config(values, options)
     config.check_position_budget()
+    check_centroid_memory(config)
     if state is None:
         # centroids saved for another cluster layout start afresh (seeded, not fitted)
         model, info = model_class.from_pretrained(
@@ -664,6 +755,7 @@ def load_qa_model(
     refuses them. ``options`` override config values (e.g. ``max_context_length``).
     """
     check_context_length(options.get("max_context_length"))
+    path = check_checkpoint_source(path)
     hub_kwargs = {"revision": revision, "token": token}
     source = AutoConfig.from_pretrained(path, **hub_kwargs)
     if source.model_type not in CONVERTIBLE_TYPES:
@@ -679,6 +771,7 @@ def load_qa_model(
                 tokenizer = None
             model, new = _converted_model(path, source, tokenizer, options, hub_kwargs)
         else:
+            check_centroid_memory(_merged_config(_plain_values(source), options))
             model, info = ClusterFormerForQuestionAnswering.from_pretrained(
                 path, output_loading_info=True, **hub_kwargs, **options
             )

@@ -91,8 +91,11 @@ class ClusterReport:
             )
         return "\n".join(lines)
 
-    def plot(self, path: str | Path) -> Path:
-        """Scatter of cluster id against token position (needs matplotlib: ``pip install hf-clusterformer[plot]``)."""
+    def plot(self, path: str | Path, overwrite: bool = False) -> Path:
+        """Scatter of cluster id against token position, written to ``path`` (a ``.png``, ``.pdf`` or ``.svg``
+        file; an existing one only with ``overwrite``: see `check_plot_path`). Needs matplotlib:
+        ``pip install hf-clusterformer[plot]``."""
+        path = check_plot_path(path, overwrite)
         try:
             import matplotlib
 
@@ -111,10 +114,29 @@ class ClusterReport:
         axis.set_ylabel("cluster id")
         axis.set_title(f"Cluster layer {self.layer}")
         axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)  # outside the points
-        path = Path(path)
         figure.savefig(path, dpi=120, bbox_inches="tight")
         plt.close(figure)
         return path
+
+
+#: File suffixes a cluster plot can be written as (the suffix picks the format).
+PLOT_FORMATS = (".png", ".pdf", ".svg")
+
+
+def check_plot_path(path: str | Path, overwrite: bool = False) -> Path:
+    """``path`` as a `Path` where a plot may be written: a ``.png``, ``.pdf`` or ``.svg`` file in an existing
+    folder, not a folder itself, and not an existing file unless ``overwrite``; else one-line errors naming it
+    (`IsADirectoryError`, `FileExistsError`, `FileNotFoundError`, `ValueError`)."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a folder; give an image file name such as {path / 'clusters.png'}.")
+    if path.suffix.lower() not in PLOT_FORMATS:
+        raise ValueError(f"{path} is not a {', '.join(PLOT_FORMATS)} file name; the suffix picks the image format.")
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path} exists; pass --overwrite (overwrite=True) to replace it, or give another file name.")
+    if not path.resolve().parent.is_dir():
+        raise FileNotFoundError(f"{path}: folder {path.resolve().parent} does not exist; create it or give another path.")
+    return path
 
 
 def _pairs_apart(positions: list[int], min_distance: int) -> int:
@@ -192,4 +214,4 @@ def inspect_clusters(
     return report
 
 
-__all__ = ["ClusterMember", "ClusterReport", "inspect_clusters"]
+__all__ = ["PLOT_FORMATS", "ClusterMember", "ClusterReport", "check_plot_path", "inspect_clusters"]

@@ -28,6 +28,8 @@ This file is self-contained for the Hub: it imports only torch, transformers and
 from __future__ import annotations
 
 import math
+import os
+import shutil
 from dataclasses import dataclass
 
 import torch
@@ -900,6 +902,32 @@ class ClusterFormerPreTrainedModel(RobertaPreTrainedModel):
                 "ignore_mismatched_sizes=True to re-initialise the mismatched centroids (then fit them again)."
             ) from error
 
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """`PreTrainedModel.save_pretrained` (the Trainer's checkpoints included), writing a folder complete for what
+        its ``config.json`` promises: ``pipeline.py`` beside it when ``custom_pipelines`` names it (a config loaded
+        from a Hub checkpoint does), or no such entry when that file is not at hand; and weight files with the
+        usual mode under the umask (transformers writes them 0600)."""
+        pipelines = getattr(self.config, "custom_pipelines", None) or {}
+        code = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pipeline.py")
+        names_code = any(str(entry.get("impl", "")).startswith("pipeline.") for entry in pipelines.values()
+                         if isinstance(entry, dict))
+        dropped = names_code and not os.path.isfile(code)
+        if dropped:
+            del self.config.custom_pipelines
+        try:
+            super().save_pretrained(save_directory, *args, **kwargs)
+        finally:
+            if dropped:
+                self.config.custom_pipelines = pipelines
+        if kwargs.get("is_main_process", True) and os.path.isdir(save_directory):
+            if names_code and not dropped:
+                shutil.copyfile(code, os.path.join(save_directory, "pipeline.py"))
+            umask = os.umask(0)
+            os.umask(umask)
+            for name in os.listdir(save_directory):
+                if name.endswith(".safetensors"):
+                    os.chmod(os.path.join(save_directory, name), 0o666 & ~umask)
+
     def cluster_routers(self) -> dict[int, ClusterRouter]:
         """The K-Means routers of this model by encoder layer index (what centroid updates write to)."""
         return {
@@ -1006,7 +1034,7 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
         stats = stats.tolist()
         if check_ids:
             self._check_token_ids(stats[6][0], stats[7][0])
-        self._check_rows(*stats[2:6], "input_ids" if input_ids is not None else "inputs_embeds")
+        self._check_rows(*stats[1:6], "input_ids" if input_ids is not None else "inputs_embeds")
         return stats[0], stats[1], prefix, lengths, starts, single
 
     def _check_inputs(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None) -> None:
@@ -1029,9 +1057,15 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
             raise ValueError(f"input_ids holds token id {low if low < 0 else high}, outside the vocabulary "
                              f"(0..{self.config.vocab_size - 1}); encode the text with this model's tokenizer.")
 
-    def _check_rows(self, questions: list[int], contexts: list[int], one_block_ok: list[int], found_ok: list[int],
-                    what: str) -> None:
-        """Every row one block of tokens with a separator, its question and context within the configured limits."""
+    def _check_rows(self, lengths: list[int], questions: list[int], contexts: list[int], one_block_ok: list[int],
+                    found_ok: list[int], what: str) -> None:
+        """Every row one block of tokens with a separator, a question/context pair, its question and context within
+        the configured limits."""
+        if 0 in lengths:
+            raise ValueError(
+                f"attention_mask row {lengths.index(0)} is all zeros, so the row has no tokens; drop that row from the "
+                "batch, or pass the attention_mask the tokenizer returned."
+            )
         if not all(one_block_ok):
             raise ValueError(
                 f"attention_mask row {one_block_ok.index(0)} mixes padding into the tokens; pad on one side only "
@@ -1041,6 +1075,11 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
             raise ValueError(
                 f"{what} row {found_ok.index(0)} has no separator token, so the question cannot be found; encode inputs "
                 "as tokenizer(question, context) or pass question_lengths."
+            )
+        if min(contexts) < 0:  # the first separator closes the row: one text, no context after a question
+            raise ValueError(
+                f"{what} row {contexts.index(min(contexts))} holds one text, not a question/context pair (its first "
+                "separator ends it); encode inputs as tokenizer(question, context), or pass question_lengths."
             )
         for row in {questions.index(max(questions)), contexts.index(min(contexts)), contexts.index(max(contexts))}:
             self.config.check_input_lengths(questions[row], contexts[row], where=f"row {row}")

@@ -21,7 +21,9 @@ import copy
 import hashlib
 import itertools
 import math
+import os
 import re
+import socket
 from typing import Any
 
 import torch
@@ -95,6 +97,66 @@ def check_trained(model: Any, allow_untrained: bool = False) -> None:
         )
 
 
+def looks_local(path: str) -> bool:
+    """Whether a model argument is meant as a directory rather than a Hub id (``name`` or ``user/name``): it starts
+    with ``.``, ``/`` or ``~``, has more than one ``/``, ends with one, or starts with an existing folder."""
+    return path.startswith((".", "/", "~", "\\")) or path.count("/") > 1 or path.endswith("/") or (
+        "/" in path and os.path.isdir(path.split("/")[0])
+    )
+
+
+def hub_unreachable() -> str | None:
+    """Why the Hub endpoint cannot be reached (``HF_HUB_OFFLINE``, or one quick connection without retries that
+    fails), or ``None`` when it can (or a proxy decides)."""
+    from urllib.parse import urlsplit
+
+    from transformers.utils.hub import constants  # huggingface_hub's, as transformers reads them
+
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set"
+    if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY")):
+        return None
+    url = urlsplit(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=5).close()
+    except OSError as error:
+        return f"{constants.ENDPOINT} cannot be reached ({error.strerror or error})"
+    return None
+
+
+def check_checkpoint_source(source: Any, what: str = "checkpoint") -> str:
+    """``source`` (a checkpoint directory or Hub id) as a string, after failing fast in one line on what cannot load.
+
+    Raises:
+        TypeError: ``source`` is not a string or path.
+        NotADirectoryError: it is a file.
+        FileNotFoundError: a folder without ``config.json``, or a path that looks local (`looks_local`) and does
+            not exist: no Hub request is made for it.
+        OSError: a Hub id that is not in the local cache while the Hub cannot be reached (`hub_unreachable`), instead
+            of the Hub client's retries.
+    """
+    if isinstance(source, bytes) or not isinstance(source, (str, os.PathLike)):
+        raise TypeError(f"{what} must be a checkpoint directory or Hub id (a str or path), got "
+                        f"{type(source).__name__} {source!r}.")
+    path = os.fspath(source)
+    if os.path.isfile(path):
+        raise NotADirectoryError(f"{what} {path} is a file; give the checkpoint directory (with config.json).")
+    if os.path.isdir(path):
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise FileNotFoundError(f"{what} {path} has no config.json; give a checkpoint directory.")
+        return path
+    if isinstance(source, os.PathLike) or looks_local(path):
+        raise FileNotFoundError(f"{what} directory {path} does not exist.")
+    from transformers.utils.hub import try_to_load_from_cache
+
+    reason = hub_unreachable()
+    if reason and not isinstance(try_to_load_from_cache(path, "config.json"), str):
+        raise OSError(
+            f"{what} {path} is not a local directory, and the Hub is out of reach: {reason}; give an existing directory."
+        )
+    return path
+
+
 def required_model_max_length(config: Any) -> int | None:
     """Longest pair encoding a Cluster-Former config accepts (``ClusterFormerConfig.max_input_length``).
 
@@ -113,9 +175,10 @@ class ClusterFormerQuestionAnsweringPipeline(Pipeline):
         top_k (`int`, defaults to 1): answers per example; a dict when 1, else a list sorted by score.
         max_answer_len (`int`, defaults to 15): longest answer in tokens (alias ``max_answer_length``).
         handle_impossible_answer (`bool`, defaults to `False`): allow the empty answer ``""`` (start = end = 0).
-            Its score is ``P(no answer)`` from the answerability head when the model has one
-            (``answerable_logits``), else the ``<s>`` token's start + end logits (the SQuAD 2.0 convention of
-            RoBERTa QA checkpoints). With the head, span scores become ``P(answer) * P(span | answer)``.
+            Its score is ``P(no answer)`` from the answerability head (``answerable_logits``); a Cluster-Former
+            model without the head is refused. Other models (plain RoBERTa QA) score it by the ``<s>`` token's
+            start + end logits (the SQuAD 2.0 convention). With the head, span scores become
+            ``P(answer) * P(span | answer)``.
         long_answer (`bool`, defaults to `False`): also rank paragraphs as long answers. Paragraphs start at
             each ``passage_token`` of the context, or are separated by blank lines when it has none; a context
             with neither is cut into groups of whole sentences of at most a window (``config.window_stride``
@@ -208,12 +271,25 @@ class ClusterFormerQuestionAnsweringPipeline(Pipeline):
                     raise ValueError(f"{name} must be a positive integer, got {value!r}.")
                 postprocess[name] = value
         if handle_impossible_answer is not None:
+            if handle_impossible_answer:
+                self._check_impossible_answer()
             postprocess["handle_impossible_answer"] = bool(handle_impossible_answer)
         if long_answer is not None:
             preprocess["long_answer"] = postprocess["long_answer"] = bool(long_answer)
         if passage_token is not None:
             preprocess["passage_token"] = passage_token
         return preprocess, {}, postprocess
+
+    def _check_impossible_answer(self) -> None:
+        """A Cluster-Former model scores "no answer" only with its answerability head; without one,
+        ``handle_impossible_answer`` is refused (other models keep the ``<s>`` convention of SQuAD 2.0 checkpoints)."""
+        config = self.model.config
+        if required_model_max_length(config) is not None and not getattr(config, "use_answerability_head", False):
+            raise ValueError(
+                "handle_impossible_answer=True needs the answerability head, which this Cluster-Former model lacks "
+                "(config.use_answerability_head is False): fine-tune a model with use_answerability_head=True "
+                "(--use_answerability_head) on data with unanswerable questions, or leave the option out."
+            )
 
     # -- steps -----------------------------------------------------------------------------------------------------
 
@@ -571,12 +647,14 @@ def pipeline(model: Any = None, tokenizer: Any = None, **kwargs: Any) -> Cluster
     register_pipeline()
     kwargs.setdefault("pipeline_class", ClusterFormerQuestionAnsweringPipeline)
     if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
-        model, tokenizer = _load_for_pipeline(str(model), tokenizer, kwargs)
+        model, tokenizer = _load_for_pipeline(model, tokenizer, kwargs)
     return make_pipeline(TASK, model=model, tokenizer=tokenizer, **kwargs)
 
 
-def _load_for_pipeline(path: str, tokenizer: Any, kwargs: dict) -> tuple[Any, Any]:
-    """The QA model of a checkpoint, its weights that the checkpoint lacks marked as untrained (`mark_untrained`)."""
+def _load_for_pipeline(path: Any, tokenizer: Any, kwargs: dict) -> tuple[Any, Any]:
+    """The QA model of a checkpoint, its weights that the checkpoint lacks marked as untrained (`mark_untrained`);
+    a checkpoint that cannot be found fails at once (`check_checkpoint_source`)."""
+    path = check_checkpoint_source(path, "model")
     hub = {name: kwargs[name] for name in ("revision", "token", "trust_remote_code") if name in kwargs}
     options = {**hub, **dict(kwargs.pop("model_kwargs", None) or {})}
     if "dtype" in kwargs:
@@ -591,7 +669,10 @@ __all__ = [
     "UNTRAINED_WEIGHTS",
     "ClusterFormerQuestionAnsweringPipeline",
     "UntrainedModelError",
+    "check_checkpoint_source",
     "check_trained",
+    "hub_unreachable",
+    "looks_local",
     "mark_untrained",
     "untrained_weights",
     "pipeline",

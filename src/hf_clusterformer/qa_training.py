@@ -33,7 +33,17 @@ from .configuration_clusterformer import ClusterFormerConfig, ModelOption, model
 from .data import build_longrange_tokenizer, build_tokenizer, load_longrange_dataset, load_multipassage_dataset
 from .data.longrange import squad_features
 from .features import misplaced_answers, postprocess_predictions, prepare_train_features, prepare_validation_features
-from .hub import check_context_length, check_output_dir, holds_model, load_qa_model, write_checkpoint, writing_model_dir
+from .hub import (
+    RESULT_FILES,
+    check_centroid_memory,
+    check_context_length,
+    check_output_dir,
+    check_result_files,
+    holds_model,
+    load_qa_model,
+    write_checkpoint,
+    writing_model_dir,
+)
 from .metrics import load_squad_metric
 from .modelcard import run_card_data
 from .modeling_clusterformer import ClusterFormerForQuestionAnswering, locate_question_prefix
@@ -70,8 +80,8 @@ def _model_arguments() -> type:
         "intermediate_size": "From scratch: feed-forward size.",
         "vocab_size": "From scratch: size of the BPE vocabulary built on the data.",
         "dropout": "Hidden and attention dropout.",
-        "overwrite": "Train into an output_dir that already holds a model: replace it (the whole folder, in one "
-                     "rename at the end).",
+        "overwrite": "Train into an output_dir that already holds a model: replace its files (in one rename at the "
+                     "end; other files are kept); evaluate into one that holds a run's all_results.json: replace it.",
         "allow_untrained": "Evaluate even a QA head that was never trained (smoke tests).",
     }
     before = [
@@ -378,6 +388,7 @@ def load_model(model: ModelArguments, data: DataArguments, tokenizer, seed: int 
     config.max_position_embeddings = required_position_embeddings(
         config.max_question_length, config.window_size, config.pad_token_id
     )
+    check_centroid_memory(config, "--num_clusters")
     return ClusterFormerForQuestionAnswering(config)
 
 
@@ -466,15 +477,17 @@ def run(
 ) -> dict[str, Any]:
     """Train and/or evaluate; save model, tokenizer, metrics and model card to ``training_args.output_dir``.
 
-    Training into an ``output_dir`` that holds a model is refused (`hf_clusterformer.hub.ModelFolderExistsError`)
-    unless ``model_args.overwrite`` (or ``resume_from_checkpoint``); with it, the run writes into a sibling folder
-    that replaces ``output_dir`` in one rename when the run ends.
+    Training into an ``output_dir`` that holds a model or a run's records (`hf_clusterformer.hub.RESULT_FILES`) is
+    refused (`hf_clusterformer.hub.ModelFolderExistsError`) unless ``model_args.overwrite`` (or
+    ``resume_from_checkpoint``); with it, the run writes into a sibling folder that replaces the old model's files in
+    ``output_dir`` in one rename when the run ends (other files are kept). An evaluation writes its records over
+    earlier ones (`main`, the command, refuses that without ``--overwrite``).
 
     Returns the metrics dict (train loss/time, eval EM/F1, truncation counts).
     """
     output_dir = training_args.output_dir
     if training_args.do_train and not training_args.resume_from_checkpoint:
-        check_output_dir(output_dir, model_args.overwrite, "--overwrite")
+        check_output_dir(output_dir, model_args.overwrite, "--overwrite", results=RESULT_FILES)
         if holds_model(output_dir):  # and --overwrite
             with writing_model_dir(output_dir, overwrite=True) as staging:
                 training_args.output_dir = str(staging)
@@ -552,10 +565,14 @@ def _run(model_args, data_args, centroid_args, training_args, callbacks, name: s
 
 
 def main(argv: list[str] | None = None, prog: str | None = None, usage_errors_raise: bool = False) -> dict[str, Any]:
-    """Entry point of examples/run_qa.py and ``clusterformer train`` / ``evaluate`` (see `parse_args`)."""
+    """Entry point of examples/run_qa.py and ``clusterformer train`` / ``evaluate`` (see `parse_args`); an evaluation
+    into a folder that holds a run's records (`hf_clusterformer.hub.RESULT_FILES`) is refused without
+    ``--overwrite``."""
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     logging.getLogger("faiss").setLevel(logging.WARNING)  # which SIMD build it loaded, on every run
     model_args, data_args, centroid_args, training_args = parse_args(argv, prog, usage_errors_raise)
+    if not training_args.do_train:  # an evaluation: the records of an earlier run (which cards read) are kept
+        check_result_files(training_args.output_dir, RESULT_FILES, model_args.overwrite, "--overwrite")
     metrics = run(model_args, data_args, centroid_args, training_args)
     print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in metrics.items()}, indent=1))
     return metrics

@@ -1,0 +1,497 @@
+"""Issue 23, round two of "nothing a user made is lost": one write rule for every command and function that writes
+into a folder, saved folders complete for what their config.json promises, the usual file modes, loading refusals
+in one line naming the fix, the README's Trainer block run twice, the train progress bar, and what ``import
+hf_clusterformer`` loads.
+
+Commands run through a subprocess (the console script's exit status and stderr), the Python API directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import tiny_config
+from test_remote_code import HIDE_PACKAGE
+from transformers import GPT2Config, GPT2Model, RobertaConfig, RobertaForQuestionAnswering
+
+import hf_clusterformer
+from hf_clusterformer import ClusterFormerConfig, ClusterFormerForQuestionAnswering
+from hf_clusterformer.data.tokenizer import build_tokenizer
+from hf_clusterformer.hub import ModelFolderExistsError, convert_checkpoint, default_mode, save_for_hub
+from hf_clusterformer_cli import main
+
+SENTENCES = [
+    "Zorvan lives with Melka in the old house by the river.",
+    "Melka lives in Tarsk, a town known for its bridge.",
+    "The market was quiet that morning and the road was wet.",
+]
+QUESTION = "Where does Melka live?"
+CONTEXT = " ".join(SENTENCES[i % 3] for i in range(12))
+SMALL = ["--cluster-layers", "1", "--num-clusters", "4", "--window-size", "32", "--window-stride", "24",
+         "--max-question-length", "16"]
+ENV = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _command(*args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    """``clusterformer ARGS`` in a subprocess (``python -m hf_clusterformer_cli``), no standard input."""
+    return subprocess.run([sys.executable, "-m", "hf_clusterformer_cli", *args], capture_output=True, text=True,
+                          env=env or ENV, stdin=subprocess.DEVNULL, timeout=timeout)
+
+
+def _one_line_error(result: subprocess.CompletedProcess, *fragments: str, prefix: str = "clusterformer: error: ") -> str:
+    """Exit status 2 and one error line (no traceback) holding ``fragments``."""
+    assert result.returncode == 2, (result.returncode, result.stdout[-500:], result.stderr[-3000:])
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(prefix), result.stderr[-3000:]
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def _error(capsys, argv: list[str], *fragments: str) -> str:
+    """``main(argv)`` in this process: exit status 2 and one error line holding ``fragments`` (the subprocess cases
+    show the console script's own exit status and stderr; these run the same code without an interpreter start)."""
+    capsys.readouterr()
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("clusterformer: error: "), lines
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def _without_package(code: str, *args: str) -> subprocess.CompletedProcess:
+    """``code`` where ``hf_clusterformer`` cannot be imported, with no standard input (a prompt fails at once)."""
+    return subprocess.run([sys.executable, "-c", HIDE_PACKAGE + code, *args], capture_output=True, text=True,
+                          env=ENV, stdin=subprocess.DEVNULL, timeout=180)
+
+
+def _modes(path: Path) -> dict[str, int]:
+    """Permission bits of ``path`` and of everything in it, by relative name."""
+    found = {".": stat.S_IMODE(path.stat().st_mode)}
+    for child in path.rglob("*"):
+        found[child.relative_to(path).as_posix()] = stat.S_IMODE(child.stat().st_mode)
+    return found
+
+
+def _usual_modes(path: Path) -> None:
+    folders, files = default_mode(directory=True), default_mode()
+    wrong = {name: oct(mode) for name, mode in _modes(path).items()
+             if mode != (folders if (path / name).is_dir() else files)}
+    assert wrong == {}, wrong
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("write-rule")
+    (path / "context.txt").write_text(CONTEXT, encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer(SENTENCES * 4 + [QUESTION], vocab_size=300)
+
+
+@pytest.fixture(scope="module")
+def roberta_qa(work, tokenizer) -> Path:
+    """A plain tiny RoBERTa QA checkpoint with its tokenizer."""
+    config = RobertaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                           intermediate_size=64, max_position_embeddings=514, type_vocab_size=1, pad_token_id=1,
+                           bos_token_id=0, eos_token_id=2)
+    torch.manual_seed(1)
+    path = work / "roberta-qa"
+    RobertaForQuestionAnswering(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def _model(tokenizer, **overrides) -> ClusterFormerForQuestionAnswering:
+    torch.manual_seed(0)
+    values = dict(vocab_size=len(tokenizer), max_question_length=16, window_size=32, window_stride=24,
+                  max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id,
+                  bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, type_vocab_size=1)
+    return ClusterFormerForQuestionAnswering(tiny_config(**{**values, **overrides})).eval()
+
+
+@pytest.fixture(scope="module")
+def hub_model(work, tokenizer) -> Path:
+    """A Cluster-Former QA model (random, no untrained record) written by `save_for_hub`."""
+    return save_for_hub(_model(tokenizer), tokenizer, work / "hub-model")
+
+
+@pytest.fixture(scope="module")
+def converted(work, roberta_qa) -> Path:
+    """``convert_checkpoint`` of the plain RoBERTa QA checkpoint (its QA head carries over)."""
+    convert_checkpoint(roberta_qa, work / "converted", cluster_layers=[1], num_clusters=4, window_size=32,
+                       window_stride=24, max_question_length=16)
+    return work / "converted"
+
+
+# -- the write rule: never replace a model's or its results' file without --overwrite ---------------------------------
+
+
+def test_card_out_onto_the_models_config_is_refused(converted, capsys):
+    """Row: ``card MODEL --out MODEL/config.json`` replaced the config with the card."""
+    before = (converted / "config.json").read_bytes()
+    _one_line_error(_command("card", str(converted), "--out", str(converted / "config.json")),
+                    "config.json", "not a card", "--out")
+    _error(capsys, ["card", str(converted), "--out", str(converted / "config.json"), "--overwrite"], "not a card")
+    assert (converted / "config.json").read_bytes() == before
+    ClusterFormerForQuestionAnswering.from_pretrained(converted)  # still loads
+
+
+def test_card_out_onto_a_hand_written_file_needs_overwrite(converted, work):
+    notes = work / "notes.md"
+    notes.write_text("# my notes\n", encoding="utf-8")
+    from hf_clusterformer.modelcard import main as card
+
+    assert card(["--config", str(converted), "--out", str(notes)]) == 2
+    assert notes.read_text(encoding="utf-8") == "# my notes\n"
+    assert card(["--config", str(converted), "--out", str(notes), "--overwrite"]) == 0
+    assert "Cluster configuration" in notes.read_text(encoding="utf-8")
+
+
+def test_evaluate_keeps_a_runs_results_unless_overwrite(work, hub_model, capsys):
+    """Row: ``evaluate --model-name-or-path M --output-dir M`` silently replaced M's training metrics."""
+    model = work / "evaluated-model"
+    if not model.exists():
+        import shutil
+
+        shutil.copytree(hub_model, model)
+    records = {"metrics": {"eval_exact_match": 12.5, "eval_f1": 20.0}, "data": {"dataset": "local"}}
+    (model / "all_results.json").write_text(json.dumps(records), encoding="utf-8")
+    args = ["evaluate", "--model-name-or-path", str(model), "--output-dir", str(model), "--dataset", "local",
+            "--eval_samples", "2", "--context_tokens_min", "50", "--context_tokens_max", "80", "--min_gap_tokens",
+            "10", "--report_to", "none", "--use_cpu", "-q"]
+    _one_line_error(_command(*args), str(model), "all_results.json", "--overwrite")
+    assert json.loads((model / "all_results.json").read_text(encoding="utf-8")) == records
+    weights = (model / "model.safetensors").read_bytes()
+    assert main([*args, "--overwrite"]) == 0
+    assert json.loads((model / "all_results.json").read_text(encoding="utf-8"))["metrics"]["eval_samples"] == 2
+    assert (model / "model.safetensors").read_bytes() == weights  # evaluate replaces records, never the model
+
+
+def test_convert_overwrite_keeps_the_files_a_model_does_not_own(work, roberta_qa, capsys):
+    """Row: ``convert SRC OUT --overwrite`` deleted every other file in OUT (notes, logs)."""
+    out = work / "convert-twice"
+    assert main(["convert", str(roberta_qa), str(out), *SMALL]) == 0
+    (out / "notes.txt").write_text("mine", encoding="utf-8")
+    (out / "logs").mkdir()
+    (out / "logs" / "run.log").write_text("log", encoding="utf-8")
+    (out / "checkpoint-7").mkdir()  # the old model's Trainer state goes with it
+    _error(capsys, ["convert", str(roberta_qa), str(out), *SMALL, "--num-clusters", "8"], "--overwrite")
+    result = _command("convert", str(roberta_qa), str(out), *SMALL, "--num-clusters", "8", "--overwrite")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (out / "notes.txt").read_text(encoding="utf-8") == "mine"
+    assert (out / "logs" / "run.log").read_text(encoding="utf-8") == "log"
+    assert not (out / "checkpoint-7").exists()
+    assert json.loads((out / "config.json").read_text(encoding="utf-8"))["num_clusters"] == 8
+    assert sorted(p.name for p in work.iterdir() if p.name.startswith(".convert-twice.")) == []
+
+
+def test_save_for_hub_overwrite_keeps_the_users_files(tmp_path, tokenizer):
+    model = _model(tokenizer)
+    target = save_for_hub(model, tokenizer, tmp_path / "model")
+    (target / "notes.txt").write_text("mine", encoding="utf-8")
+    with pytest.raises(ModelFolderExistsError, match="overwrite=True"):
+        save_for_hub(model, tokenizer, target)
+    save_for_hub(model, tokenizer, target, overwrite=True)
+    assert (target / "notes.txt").read_text(encoding="utf-8") == "mine"
+
+
+def test_inspect_plot_paths(hub_model, work, capsys):
+    """Row: ``inspect --plot M/model.safetensors`` (matplotlib traceback) and ``--plot M`` ("written to M", wrote
+    M.png); an existing plot is replaced only with --overwrite."""
+    pytest.importorskip("matplotlib")
+    base = ["inspect", str(hub_model), "--question", QUESTION, "--context-file", str(work / "context.txt")]
+    weights = (hub_model / "model.safetensors").read_bytes()
+    _one_line_error(_command(*base, "--plot", str(hub_model / "model.safetensors")), "model.safetensors", ".png")
+    assert (hub_model / "model.safetensors").read_bytes() == weights
+    _error(capsys, [*base, "--plot", str(hub_model)], "is a folder", "clusters.png")
+    assert not hub_model.with_suffix(".png").exists()
+    plot = work / "clusters.png"
+    plot.write_bytes(b"mine")
+    _error(capsys, [*base, "--plot", str(plot)], str(plot), "exists", "--overwrite")
+    assert plot.read_bytes() == b"mine"
+    assert main([*base, "--plot", str(plot), "--overwrite"]) == 0
+    assert capsys.readouterr().out.strip().endswith(f"plot written to {plot}") and plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_run_qa_refuses_a_folder_with_a_model_in_one_line(hub_model, work):
+    """Row: ``python examples/run_qa.py --do_train --output_dir D`` (D holds a model) refused with a traceback."""
+    result = subprocess.run([sys.executable, str(ROOT / "examples" / "run_qa.py"), "--do_train", "--output_dir",
+                             str(hub_model), "--max_steps", "1", "--report_to", "none", "--use_cpu"],
+                            capture_output=True, text=True, env=ENV, timeout=300)
+    _one_line_error(result, str(hub_model), "--overwrite", prefix="run_qa.py: error: ")
+
+
+# -- saved folders: complete for what config.json promises, usual modes ----------------------------------------------
+
+
+def _train_one_step(model, tokenizer, output_dir: Path) -> Path:
+    """One Trainer step with a checkpoint at its end; returns the checkpoint folder."""
+    from transformers import Trainer, TrainingArguments
+
+    encoding = tokenizer(QUESTION, CONTEXT)
+    feature = {**encoding, "start_positions": 20, "end_positions": 21}
+    args = TrainingArguments(str(output_dir), max_steps=1, save_steps=1, per_device_train_batch_size=1,
+                             report_to="none", use_cpu=True, disable_tqdm=True)
+    Trainer(model=model, args=args, train_dataset=[feature], processing_class=tokenizer).train()
+    return output_dir / "checkpoint-1"
+
+
+def test_save_pretrained_and_trainer_checkpoints_carry_the_pipeline_code(hub_model, tokenizer, tmp_path):
+    """Row: ``model.save_pretrained(DIR)`` or a Trainer checkpoint of a model loaded from a Hub checkpoint, then
+    ``pipeline("question-answering", model=DIR, trust_remote_code=True)`` without the plugin: no pipeline.py."""
+    model = ClusterFormerForQuestionAnswering.from_pretrained(hub_model)
+    assert model.config.custom_pipelines  # what the Hub checkpoint's config.json names
+    model.save_pretrained(tmp_path / "saved")
+    tokenizer.save_pretrained(tmp_path / "saved")
+    checkpoint = _train_one_step(model, tokenizer, tmp_path / "run")
+    code = """
+from transformers import pipeline
+qa = pipeline("question-answering", model=sys.argv[1], trust_remote_code=True)
+answer = qa(question=sys.argv[2], context=sys.argv[3])
+assert sys.argv[3][answer["start"]:answer["end"]] == answer["answer"], answer
+print(type(qa).__name__)
+"""
+    for folder in (tmp_path / "saved", checkpoint):
+        assert (folder / "pipeline.py").is_file()
+        result = _without_package(code, str(folder), QUESTION, CONTEXT)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert result.stdout.strip().splitlines()[-1] == "ClusterFormerQuestionAnsweringPipeline"
+
+
+def test_saved_folders_get_the_usual_modes(hub_model, tokenizer, tmp_path, roberta_qa):
+    """Row: saved model folders were 0700 with model.safetensors 0600."""
+    _usual_modes(hub_model)  # save_for_hub
+    model = _model(tokenizer)
+    model.save_pretrained(tmp_path / "plain")
+    _usual_modes(tmp_path / "plain")
+    _usual_modes(_train_one_step(model, tokenizer, tmp_path / "run"))
+    out = tmp_path / "converted"
+    assert main(["convert", str(roberta_qa), str(out), *SMALL]) == 0
+    _usual_modes(out)
+
+
+# -- loading refuses what it cannot honour, in one line naming the fix -----------------------------------------------
+
+
+def test_from_pretrained_refuses_other_model_types(tmp_path):
+    """Row: ``ClusterFormerForQuestionAnswering.from_pretrained(<a GPT-2 folder>)`` loaded a random model."""
+    GPT2Model(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50, bos_token_id=0, eos_token_id=0)).save_pretrained(
+        tmp_path / "gpt2")
+    with pytest.raises(ValueError, match=r"'gpt2' checkpoint.*give a RoBERTa or Cluster-Former checkpoint"):
+        ClusterFormerForQuestionAnswering.from_pretrained(tmp_path / "gpt2")
+
+
+def test_predict_card_and_push_refuse_a_plain_roberta_folder(roberta_qa, work, capsys):
+    """Rows: ``predict <plain RoBERTa QA folder>`` quietly added a random cluster layer; ``card`` claimed cluster layers;
+    ``push`` did not check."""
+    line = _one_line_error(_command("predict", str(roberta_qa), "--question", QUESTION, "--context-file",
+                                    str(work / "context.txt")),
+                           "plain roberta checkpoint", "cluster layers [1]", "never-fitted", "256/224",
+                           f"clusterformer convert {roberta_qa} OUT")
+    assert "--allow-untrained" not in line
+    readme = roberta_qa / "README.md"
+    _error(capsys, ["card", str(roberta_qa)], "plain roberta", "convert")
+    assert not readme.exists()
+    _error(capsys, ["push", str(roberta_qa), "user/x"], "plain roberta checkpoint", "convert")  # before any connection
+
+
+def test_push_a_file(hub_model):
+    """Row: ``push FILE user/x`` said "directory FILE does not exist"."""
+    _one_line_error(_command("push", str(hub_model / "config.json"), "user/x"), "is a file",
+                    "give the checkpoint directory")
+
+
+def test_handle_impossible_answer_needs_the_answerability_head(tokenizer):
+    """Row: ``qa(..., handle_impossible_answer=True)`` on a model without an answerability head ignored it."""
+    qa = hf_clusterformer.pipeline(model=_model(tokenizer), tokenizer=tokenizer)
+    with pytest.raises(ValueError, match="needs the answerability head.*use_answerability_head=True"):
+        qa(question=QUESTION, context=CONTEXT, handle_impossible_answer=True)
+    with pytest.raises(ValueError, match="needs the answerability head"):
+        hf_clusterformer.pipeline(model=_model(tokenizer), tokenizer=tokenizer, handle_impossible_answer=True)
+    assert qa(question=QUESTION, context=CONTEXT, handle_impossible_answer=False)["answer"]
+    headed = hf_clusterformer.pipeline(model=_model(tokenizer, use_answerability_head=True), tokenizer=tokenizer)
+    assert headed(question=QUESTION, context=CONTEXT, handle_impossible_answer=True, top_k=2)
+
+
+def test_absurd_num_clusters_are_bounded_by_memory(roberta_qa, work, tokenizer):
+    """Row: ``convert ... --num-clusters 1000000000`` ran out of memory with a traceback."""
+    line = _one_line_error(_command("convert", str(roberta_qa), str(work / "huge"), *SMALL, "--num-clusters",
+                                    "1000000000"), "num_clusters 1000000000", "give at most")
+    bound = int(re.search(r"give at most (\d+)", line)[1])
+    assert 1000 < bound < 1_000_000_000 and not (work / "huge").exists()
+    from hf_clusterformer.hub import check_centroid_memory, load_qa_model
+
+    check_centroid_memory(ClusterFormerConfig(hidden_size=32, num_attention_heads=2, num_hidden_layers=2,
+                                              cluster_layers=[1], num_clusters=bound))
+    with pytest.raises(ValueError, match=f"give at most {bound}"):
+        load_qa_model(roberta_qa, num_clusters=bound + 1, cluster_layers=[1])
+
+
+def test_missing_sources_fail_at_once(monkeypatch):
+    """Row: ``convert_checkpoint(123, "x")`` and ``hf_clusterformer.pipeline(model="nosuch")`` spent about 23 s on
+    Hub retries, then raised OSError."""
+    with pytest.raises(TypeError, match="src must be a checkpoint directory or Hub id.*int 123"):
+        convert_checkpoint(123, "x")
+    assert not Path("x").exists()
+    start = time.perf_counter()
+    with pytest.raises(FileNotFoundError, match=r"model directory \./nosuch does not exist"):
+        hf_clusterformer.pipeline(model="./nosuch")
+    with pytest.raises(FileNotFoundError, match="src directory runs/a/b does not exist"):
+        convert_checkpoint("runs/a/b", "y")
+    from transformers.utils.hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(OSError, match="model nosuch is not a local directory, and the Hub is out of reach: HF_HUB_OFF"):
+        hf_clusterformer.pipeline(model="nosuch")
+    assert time.perf_counter() - start < 2
+    code = """
+import time, hf_clusterformer
+start = time.perf_counter()
+try:
+    hf_clusterformer.pipeline(model="nosuch")
+except OSError as error:
+    print(round(time.perf_counter() - start, 1), error)
+"""
+    env = {k: v for k, v in ENV.items() if k != "HF_HUB_OFFLINE"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={**env, "HF_ENDPOINT": "http://127.0.0.1:9"}, timeout=120)
+    seconds, message = result.stdout.strip().split(" ", 1)
+    assert float(seconds) < 6 and "model nosuch is not a local directory, and the Hub is out of reach" in message
+    assert "127.0.0.1:9 cannot be reached" in message
+
+
+def test_inputs_without_a_question_context_pair_and_all_padding_rows(tokenizer):
+    """Row: a context-only input ("the question of row 0 has 376 tokens") and an all-zero attention_mask ("row 0 has
+    no separator token")."""
+    model = _model(tokenizer)
+    single = tokenizer(CONTEXT, return_tensors="pt")
+    with pytest.raises(ValueError, match="row 0 holds one text, not a question/context pair.*tokenizer\\(question, context\\)"):
+        model(**single)
+    pair = tokenizer([QUESTION, QUESTION], [CONTEXT, CONTEXT], return_tensors="pt")
+    mask = pair["attention_mask"].clone()
+    mask[1] = 0
+    with pytest.raises(ValueError, match="attention_mask row 1 is all zeros"):
+        model(input_ids=pair["input_ids"], attention_mask=mask)
+    with torch.no_grad():
+        assert model(**pair).start_logits.shape == pair["input_ids"].shape
+
+
+def test_a_sparse_layer_takes_one_cluster():
+    """Row: a sparse layer with ``num_clusters=1`` was refused as if it were an LSH layer."""
+    config = ClusterFormerConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2, intermediate_size=64,
+                                 cluster_layers=[1], global_layer_type="sparse", num_clusters=1)
+    assert config.layer_types == ["sliding", "sparse"]
+    config.global_layer_type = "lsh"
+    config.global_layer_type = "sparse"
+    config.validate_architecture()
+    with pytest.raises(ValueError, match="even for LSH layers"):
+        ClusterFormerConfig(num_hidden_layers=2, cluster_layers=[1], global_layer_type="lsh", num_clusters=1)
+
+
+# -- the README's Trainer block, the card's snippets, train's progress bar, the tokenizer without the plugin -----------
+
+
+def test_readme_trainer_block_runs_twice(tmp_path):
+    """Row: the README's Trainer block run twice trained, then failed at save_for_hub (the folder held a model)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = next(b for b in re.findall(r"^```python\n(.*?)^```$", readme, flags=re.M | re.S) if "Trainer(" in b)
+    prelude = f"""
+import sys, torch
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+torch.set_num_threads(1)
+from helpers import tiny_config
+from hf_clusterformer import ClusterFormerForQuestionAnswering
+from hf_clusterformer.data import build_longrange_tokenizer
+tokenizer = build_longrange_tokenizer(vocab_size=400, seed=0)
+model = ClusterFormerForQuestionAnswering(tiny_config(vocab_size=len(tokenizer), max_question_length=24,
+    max_context_length=16384, window_size=24, window_stride=20, pad_token_id=tokenizer.pad_token_id,
+    bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, type_vocab_size=1))
+"""
+    (tmp_path / "outputs").mkdir()
+    (tmp_path / "outputs" / "notes.txt").write_text("mine", encoding="utf-8")
+    for run in range(2):
+        result = subprocess.run([sys.executable, "-c", prelude + block], cwd=tmp_path, env=ENV, capture_output=True,
+                                text=True, timeout=600)
+        assert result.returncode == 0, (run, result.stderr[-3000:])
+        assert (tmp_path / "outputs" / "trained" / "model.safetensors").is_file()
+    assert (tmp_path / "outputs" / "notes.txt").read_text(encoding="utf-8") == "mine"
+
+
+def test_card_snippets_run_as_printed(tmp_path, tokenizer):
+    """Row: the card's usage snippet raised ``NameError: long_text`` when run as printed."""
+    folder = save_for_hub(_model(tokenizer, max_question_length=32, max_position_embeddings=128), tokenizer,
+                          tmp_path / "card-model")
+    card = (folder / "README.md").read_text(encoding="utf-8")
+    with_plugin, without = (block.replace("path/to/checkpoint", str(folder))
+                            for block in re.findall(r"```python\n(.*?)```", card, flags=re.S))
+    result = subprocess.run([sys.executable, "-c", with_plugin], capture_output=True, text=True, env=ENV,
+                            stdin=subprocess.DEVNULL, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "'answer'" in result.stdout
+    result = _without_package("\n" + without)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "'answer'" in result.stdout and "[y/N]" not in result.stdout + result.stderr
+
+
+def test_train_shows_the_trainers_progress_bar_unless_quiet(tmp_path, capsys):
+    """Row: ``clusterformer train`` showed no progress bar although the README says it keeps one."""
+    tiny = ["--dataset", "local", "--train_samples", "2", "--eval_samples", "1", "--max_steps", "2",
+            "--context_tokens_min", "50", "--context_tokens_max", "80", "--min_gap_tokens", "10", "--hidden_size", "32",
+            "--num_hidden_layers", "2", "--num_attention_heads", "2", "--intermediate_size", "64", "--window_size",
+            "32", "--window_stride", "24", "--max_question_length", "32", "--cluster_layers", "1", "--num_clusters",
+            "4", "--vocab_size", "300", "--per_device_train_batch_size", "1", "--report_to", "none", "--use_cpu",
+            "--do_eval", "False"]
+    shown = _command("train", *tiny, "--output_dir", str(tmp_path / "shown"))
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert re.search(r"2/2 \[", shown.stderr), shown.stderr[-2000:]
+    capsys.readouterr()
+    assert main(["train", *tiny, "--output_dir", str(tmp_path / "quiet"), "-q"]) == 0
+    assert not re.search(r"\d/2 \[", capsys.readouterr().err)
+
+
+def test_tokenizer_without_the_plugin_loads_as_the_card_says(hub_model):
+    """Row: ``AutoTokenizer.from_pretrained(DIR)`` without the plugin prompts about remote code, because transformers
+    reads the config (which names code) before any tokenizer; the card and README pass ``trust_remote_code=True``,
+    which loads it without a prompt."""
+    card = (hub_model / "README.md").read_text(encoding="utf-8")
+    assert 'AutoTokenizer.from_pretrained("path/to/checkpoint", trust_remote_code=True)' in card
+    code = """
+from transformers import AutoTokenizer
+print(type(AutoTokenizer.from_pretrained(sys.argv[1], trust_remote_code=True)).__name__)
+"""
+    result = _without_package(code, str(hub_model))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "[y/N]" not in result.stdout + result.stderr and result.stdout.strip().endswith("Tokenizer")
+
+
+# -- import time ------------------------------------------------------------------------------------------------------
+
+
+def test_import_loads_only_what_registration_needs():
+    """Row: ``import hf_clusterformer`` took 4.5 s against 0.8 s for ``import transformers``. Registering the Auto
+    classes needs the model classes, so transformers' RoBERTa modeling (modeling_utils and what it imports: most of
+    the time) is loaded; the Hub, training, data and metric parts, datasets, evaluate and plotting are not."""
+    code = ("import sys, hf_clusterformer\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('datasets', 'evaluate', 'faiss', 'matplotlib')"
+            " or m.startswith('hf_clusterformer.')))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout.strip().replace("'", '"')) == [
+        "hf_clusterformer.configuration_clusterformer", "hf_clusterformer.modeling_clusterformer",
+        "hf_clusterformer.pipeline",
+    ]

@@ -327,3 +327,18 @@ def test_convert_roberta_masked_lm_keeps_its_head_and_refuses_unknown_tasks(tmp_
     assert torch.equal(model.lm_head.bias, roberta.lm_head.bias)
     with pytest.raises(ValueError, match="task must be one of"):
         convert_checkpoint(tmp_path / "roberta", tmp_path / "other", task="summarization")
+
+
+def test_masked_lm_reads_a_text_with_a_separator_inside_as_one_text():
+    """Masking may replace a token by ``</s>``: the MLM head still windows the row as one text (``auto`` would read
+    a pair), while the classification heads read ``tokenizer(text, text_pair)`` rows as pairs."""
+    torch.manual_seed(0)
+    model = ClusterFormerForMaskedLM(tiny_config()).eval()
+    ids = single_text(torch.Generator().manual_seed(13), 60)
+    ids[5] = 2  # a random replacement that drew </s>
+    with torch.no_grad():
+        default = model(torch.tensor([ids])).logits
+        torch.testing.assert_close(default, model(torch.tensor([ids]), input_format="single").logits, atol=0, rtol=0)
+        assert not torch.allclose(default, model(torch.tensor([ids]), input_format="auto").logits, atol=1e-3)
+    assert (ClusterFormerForSequenceClassification.input_format, ClusterFormerForTokenClassification.input_format,
+            ClusterFormerForMultipleChoice.input_format) == ("auto", "auto", "pair")

@@ -16,7 +16,7 @@ Reading guide, top to bottom:
    window, and `ClusterFormerEncoder` runs every encoder layer by its type: a sliding-window layer (eq. 1-3), a
    cluster/LSH layer (eq. 4-8) or a sparse cross-window layer, each as ONE batched call.
 5. Heads on `ClusterFormerModel`: `ClusterFormerForQuestionAnswering` (pairs) and, subclassing their RoBERTa
-   classes, `ClusterFormerForMaskedLM`, `ClusterFormerForSequenceClassification`,
+   classes, `ClusterFormerForMaskedLM` (single texts), `ClusterFormerForSequenceClassification`,
    `ClusterFormerForTokenClassification` (single texts or pairs) and `ClusterFormerForMultipleChoice` (pairs).
 
 Shapes: B batch, T input length, K windows per example, S slots per window (longest question prefix + l),
@@ -159,9 +159,10 @@ def locate_question_prefix(
 #: How a model reads its rows (the ``input_format`` argument of every forward, default: the class's
 #: ``input_format``): ``"pair"`` a question/context pair ``<s> Q </s></s> C </s>`` whose question prefix every window
 #: repeats (question answering, multiple choice); ``"single"`` one text ``<s> T </s>`` with only ``<s>`` (BERT:
-#: ``[CLS]``) as every window's prefix; ``"auto"`` a pair when the row has a separator before its last token (as
-#: ``tokenizer(text, text_pair)`` makes), else one text (``tokenizer(text)``); the base model and the masked-LM,
-#: sequence and token classification heads.
+#: ``[CLS]``) as every window's prefix (the masked-LM head: masked inputs may hold a separator anywhere, as the
+#: collator's random replacements draw from the whole vocabulary); ``"auto"`` a pair when the row has a separator
+#: before its last token (as ``tokenizer(text, text_pair)`` makes), else one text (``tokenizer(text)``); the base
+#: model and the sequence and token classification heads.
 INPUT_FORMATS = ("pair", "single", "auto")
 
 
@@ -1381,6 +1382,14 @@ def _extras(outputs: ClusterFormerModelOutput) -> dict:
                 cluster_assignments=outputs.cluster_assignments, window_token_index=outputs.window_token_index)
 
 
+def token_loss(logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
+    """Cross-entropy over labelled tokens: (N, C) logits, (N,) labels (-100 ignored) -> scalar; their mean, or with
+    ``num_items_in_batch`` (the `Trainer`'s count of labelled tokens over the accumulated batches) the sum over it."""
+    if num_items_in_batch is None:
+        return CrossEntropyLoss()(logits, labels)
+    return CrossEntropyLoss(reduction="sum")(logits, labels) / num_items_in_batch
+
+
 def sequence_classification_loss(config: ClusterFormerConfig, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """`RobertaForSequenceClassification`'s loss: (B, n) logits, (B,) or (B, n) labels -> scalar; regression for one
     label, cross-entropy for integer labels, else multi-label BCE (``config.problem_type`` set on first use)."""
@@ -1403,12 +1412,13 @@ class ClusterFormerForMaskedLM(RobertaForMaskedLM, ClusterFormerPreTrainedModel)
     """`RobertaForMaskedLM` on `ClusterFormerModel`: (B, T, V) logits for every token of a long input in one pass.
 
     The decoder is tied to the word embeddings. Loads `RobertaForMaskedLM` checkpoints 1:1 (``roberta.*``,
-    ``lm_head.*``); reads single texts ``<s> T </s>`` (and pairs) by default (``input_format="auto"``).
+    ``lm_head.*``); reads single texts ``<s> T </s>`` (``input_format="single"``: a separator that masking drew in
+    the middle of a text does not make it a pair; pass ``input_format="pair"`` or ``"auto"`` for pairs).
     """
 
     config_class = ClusterFormerConfig
     config: ClusterFormerConfig
-    input_format = "auto"
+    input_format = "single"
 
     def __init__(self, config: ClusterFormerConfig):
         ClusterFormerPreTrainedModel.__init__(self, config)  # not RobertaForMaskedLM's, which builds a RobertaModel
@@ -1436,17 +1446,19 @@ class ClusterFormerForMaskedLM(RobertaForMaskedLM, ClusterFormerPreTrainedModel)
             input_ids, attention_mask, token_type_ids, question_lengths, inputs_embeds, input_format: see
                 `ClusterFormerModel.forward`.
             labels: optional (B, T) token ids to predict, -100 where no loss is taken.
+            kwargs: ``num_items_in_batch`` from the `Trainer` (see `token_loss`); RoBERTa's cache arguments.
 
         Returns:
             `ClusterFormerMaskedLMOutput` with (B, T, V) logits.
         """
         return_dict = self.config.return_dict if return_dict is None else return_dict
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         outputs = _encode(self, input_ids, attention_mask, token_type_ids, question_lengths, inputs_embeds, input_format,
                           output_hidden_states, output_attentions, output_cluster_assignments, kwargs)
         logits = self.lm_head(outputs.last_hidden_state)
         loss = None
         if labels is not None:
-            loss = CrossEntropyLoss()(logits.view(-1, self.config.vocab_size), labels.to(logits.device).view(-1))
+            loss = token_loss(logits.view(-1, self.config.vocab_size), labels.to(logits.device).view(-1), num_items_in_batch)
         result = ClusterFormerMaskedLMOutput(loss=loss, logits=logits, **_extras(outputs))
         return result if return_dict else result.to_tuple()
 
@@ -1496,6 +1508,7 @@ class ClusterFormerForSequenceClassification(RobertaForSequenceClassification, C
             `ClusterFormerSequenceClassifierOutput` with (B, num_labels) logits.
         """
         return_dict = self.config.return_dict if return_dict is None else return_dict
+        kwargs.pop("num_items_in_batch", None)  # a mean over examples, as RoBERTa's
         outputs = _encode(self, input_ids, attention_mask, token_type_ids, question_lengths, inputs_embeds, input_format,
                           output_hidden_states, output_attentions, output_cluster_assignments, kwargs)
         logits = self.classifier(outputs.pooler_output.unsqueeze(1))  # the head reads position 0 of (B, 1, d)
@@ -1542,17 +1555,19 @@ class ClusterFormerForTokenClassification(RobertaForTokenClassification, Cluster
             input_ids, attention_mask, token_type_ids, question_lengths, inputs_embeds, input_format: see
                 `ClusterFormerModel.forward`.
             labels: optional (B, T) label ids, -100 where no loss is taken.
+            kwargs: ``num_items_in_batch`` from the `Trainer` (see `token_loss`); RoBERTa's cache arguments.
 
         Returns:
             `ClusterFormerTokenClassifierOutput` with (B, T, num_labels) logits.
         """
         return_dict = self.config.return_dict if return_dict is None else return_dict
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         outputs = _encode(self, input_ids, attention_mask, token_type_ids, question_lengths, inputs_embeds, input_format,
                           output_hidden_states, output_attentions, output_cluster_assignments, kwargs)
         logits = self.classifier(self.dropout(outputs.last_hidden_state))
         loss = None
         if labels is not None:
-            loss = CrossEntropyLoss()(logits.view(-1, self.num_labels), labels.to(logits.device).view(-1))
+            loss = token_loss(logits.view(-1, self.num_labels), labels.to(logits.device).view(-1), num_items_in_batch)
         result = ClusterFormerTokenClassifierOutput(loss=loss, logits=logits, **_extras(outputs))
         return result if return_dict else result.to_tuple()
 
@@ -1602,6 +1617,7 @@ class ClusterFormerForMultipleChoice(RobertaForMultipleChoice, ClusterFormerPreT
             `ClusterFormerMultipleChoiceOutput` with (B, C) logits.
         """
         return_dict = self.config.return_dict if return_dict is None else return_dict
+        kwargs.pop("num_items_in_batch", None)  # a mean over examples, as RoBERTa's
         reference = input_ids if input_ids is not None else inputs_embeds
         num_choices = reference.shape[1]
 
@@ -1640,6 +1656,7 @@ __all__ = [
     "share_context_states",
     "single_text_rows",
     "sort_into_chunks",
+    "token_loss",
     "tokens_to_windows",
     "unsort_from_chunks",
     "windows_to_tokens",

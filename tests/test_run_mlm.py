@@ -1,0 +1,111 @@
+"""examples/run_mlm.py end to end at tiny size (the SQuAD dev articles, a model from scratch), its own text files, its
+errors, and the window breakdown of its evaluation against a direct count."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForMaskedLM
+
+import hf_clusterformer  # noqa: F401  (registers the Auto classes)
+from hf_clusterformer import ClusterFormerForMaskedLM
+from hf_clusterformer.data import default_squad_path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "examples" / "run_mlm.py"
+TINY = [
+    "--hidden_size", "32", "--num_hidden_layers", "2", "--num_attention_heads", "2", "--intermediate_size", "64",
+    "--vocab_size", "400", "--window_size", "32", "--window_stride", "24", "--cluster_layers", "1", "--num_clusters", "8",
+    "--max_seq_length", "512", "--max_train_samples", "6", "--max_eval_samples", "2", "--initial_centroid_blocks", "2",
+    "--max_steps", "4", "--per_device_train_batch_size", "2", "--centroid_update_steps", "2", "--memory_size", "2000",
+    "--save_strategy", "no", "--report_to", "none", "--use_cpu", "--seed", "0", "--disable_tqdm", "true",
+]
+
+
+def run_script(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def run_mlm():
+    """The script as a module (examples/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("run_mlm", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["run_mlm"] = module  # its dataclasses look their module up
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        del sys.modules["run_mlm"]
+
+
+@pytest.mark.skipif(not default_squad_path().exists(), reason="SQuAD v1.1 dev is not in ../shared/data")
+def test_run_mlm_on_squad_articles_end_to_end(tmp_path):
+    out = tmp_path / "mlm"
+    proc = run_script(*TINY, "--output_dir", str(out), "--do_train", "--do_eval")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((out / "all_results.json").read_text())
+    assert results["layer_types"] == "sliding,cluster" and results["train_steps"] == 4
+    assert results["train_blocks"] == 6 and results["eval_blocks"] == 2
+    assert results["eval_masked_tokens"] == results["eval_masked_tokens_before"] > 0  # the same masks before and after
+    assert 0 < results["eval_outside_fraction"] <= 1 and results["eval_loss"] != results["eval_loss_before"]
+    model = AutoModelForMaskedLM.from_pretrained(out)
+    assert isinstance(model, ClusterFormerForMaskedLM)
+    assert all(bool(router.fitted) for router in model.cluster_routers().values())
+    assert json.loads((out / "config.json").read_text())["auto_map"]["AutoModelForMaskedLM"].endswith("ForMaskedLM")
+
+    again = run_script(*TINY, "--output_dir", str(out), "--do_train")
+    assert again.returncode == 2 and "already holds a model" in again.stderr and "--overwrite" in again.stderr
+
+
+def test_run_mlm_on_text_files_continues_a_checkpoint(tmp_path):
+    sentences = ["The river runs past the old mill and the bridge.", "Melka keeps bees behind the house in Tarsk.",
+                 "Zorvan walks to the market every morning."]
+    documents = ["\n".join(sentences[(i + j) % 3] for j in range(60)) for i in range(4)]
+    (tmp_path / "train.txt").write_text("\n\n".join(documents[:3]), encoding="utf-8")
+    (tmp_path / "held.jsonl").write_text(json.dumps({"text": documents[3]}) + "\n", encoding="utf-8")
+    files = ["--train_file", str(tmp_path / "train.txt"), "--validation_file", str(tmp_path / "held.jsonl")]
+    first = run_script(*TINY, *files, "--output_dir", str(tmp_path / "a"), "--do_train", "--min_block_length", "8")
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = run_script("--model_name_or_path", str(tmp_path / "a"), "--max_steps", "2", "--seed", "0",
+                        "--max_seq_length", "512", "--save_strategy", "no", "--report_to", "none", "--use_cpu",
+                        *files, "--output_dir", str(tmp_path / "b"), "--do_train", "--do_eval")
+    assert second.returncode == 0, second.stderr[-3000:]
+    results = json.loads((tmp_path / "b" / "all_results.json").read_text())
+    assert results["eval_blocks"] >= 1 and results["layer_types"] == "sliding,cluster"
+
+    bad = run_script(*TINY, "--train_file", str(tmp_path / "missing.txt"), "--output_dir", str(tmp_path / "c"),
+                     "--do_train")
+    assert bad.returncode == 2 and "missing.txt does not exist" in bad.stderr
+
+
+def test_outside_window_matches_a_direct_count(run_mlm):
+    """A masked token counts as outside when a visible copy of it lies in no window that holds it."""
+    generator = torch.Generator().manual_seed(0)
+    size, stride, length = 8, 6, 60
+    ids = torch.randint(4, 40, (length,), generator=generator)
+    ids[0], ids[-1] = 0, 2
+    labels = torch.full_like(ids, -100)
+    masked = torch.randperm(length - 2, generator=generator)[:15] + 1
+    labels[masked] = ids[masked]
+    shown = ids.clone()
+    shown[masked] = 3  # <mask>
+    windows = 1 + -(-(length - 1 - size) // stride)
+    expected = []
+    for position in sorted(masked.tolist()):
+        covered = set()
+        for k in range(windows):
+            span = range(1 + k * stride, 1 + k * stride + size)
+            if position in span:
+                covered |= set(span)
+        expected.append(any(shown[q] == ids[position] and q not in covered for q in range(length)))
+    assert run_mlm.outside_window(shown, labels, size, stride).tolist() == expected
+    assert 0 < sum(expected) < len(expected)

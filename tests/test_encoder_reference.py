@@ -1,10 +1,12 @@
 """The whole QA model against the slow loop reference (tests/reference_encoder.py) over drawn configurations and inputs.
 
 Drawn: window size and stride (no overlap, two-way and three-way overlaps), 1-4 layers of any types, 1 to more
-clusters than tokens, ``chunk_question_prefix``, the answerability head, eager or sdpa attention, batches of 1-4
-examples of different lengths padded left or right, question lengths 1..``max_question_length``, contexts shorter
-than a window, one window long or longer, RoBERTa (``<s> Q </s></s> C </s>``) or BERT (``[CLS] Q [SEP] C [SEP]``)
-templates with their token types, ids or ``inputs_embeds``, located or given question lengths.
+clusters than tokens, ``chunk_question_prefix``, the answerability head, eager or sdpa attention, 1-4 heads, chunked
+feed-forward, eval or training mode (dropout off) with or without activation checkpointing, batches of 1-4 examples of
+different lengths padded left or right, question lengths 1..``max_question_length``, contexts shorter than a window,
+one window long or longer, RoBERTa (``<s> Q </s></s> C </s>``) or BERT (``[CLS] Q [SEP] C [SEP]``, a converted
+checkpoint's ids) templates with default, pair or given token types, ids or ``inputs_embeds``, question prefixes found
+from the separators or given (``question_lengths``, also one token off the separators).
 
 Checked: hidden states, QA and answerability logits equal the reference (1e-5, fp32); every example equals itself
 run alone; more padding with other values changes no real output, and padding outputs zeros; no NaN/inf; the
@@ -26,7 +28,8 @@ import torch
 import torch.nn.functional as F
 from hypothesis import HealthCheck, event, example, given, seed, settings
 from hypothesis import strategies as st
-from reference_encoder import reference_forward
+from reference_encoder import Example, reference_forward
+from transformers import RobertaConfig, RobertaForQuestionAnswering
 
 from hf_clusterformer import ClusterFormerConfig, ClusterFormerForQuestionAnswering
 
@@ -55,7 +58,13 @@ PROFILE = settings(
 
 @dataclass
 class Case:
-    """A drawn model configuration and batch: per example its real tokens, types and padding side."""
+    """A drawn model configuration and batch.
+
+    config: `ClusterFormerConfig` fields; attention: its attention implementation; weight_seed: of the weights, the
+    centroids and the targets. Per example: examples (its real token ids), token_types (given ones, or None),
+    sides (its padding side), prefixes (its question prefix length, passed when give_prefix). extra_padding: columns
+    added in the padding check; embeds: pass inputs_embeds; training / checkpointing: the model's mode.
+    """
 
     config: dict
     attention: str
@@ -397,3 +406,29 @@ def describe(case: Case, config: ClusterFormerConfig, output, references) -> Non
 
 if FUZZ_SEED is not None:
     test_model_equals_the_loop_reference = seed(int(FUZZ_SEED))(test_model_equals_the_loop_reference)
+
+
+def test_the_reference_is_roberta_within_one_window():
+    """The reference's own anchor: with sliding layers only and a context within one window, it is transformers'
+    RobertaForQuestionAnswering on the whole input; and its windows number ``1 + ceil(max(0, c - l) / m)``."""
+    config = ClusterFormerConfig(
+        vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+        cluster_layers=[], window_size=12, window_stride=5, max_question_length=4, max_position_embeddings=24,
+        initializer_range=0.3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+    )
+    torch.manual_seed(0)
+    model = ClusterFormerForQuestionAnswering(config).eval()
+    fields = RobertaConfig().to_dict().keys()
+    roberta = RobertaForQuestionAnswering(RobertaConfig(**{k: v for k, v in config.to_dict().items() if k in fields}))
+    roberta.load_state_dict(model.state_dict())
+    ids = torch.tensor([0, 7, 8, 2, 2, *range(10, 21), 2])  # a question of 2, a context of 11 + </s>
+    with torch.no_grad():
+        ours = reference_forward(model, input_ids=ids)
+        theirs = roberta.eval()(ids.unsqueeze(0), output_hidden_states=True)
+    for mine, expected in zip(ours.hidden_states, theirs.hidden_states, strict=True):
+        torch.testing.assert_close(mine, expected[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours.start_logits, theirs.start_logits[0], atol=1e-5, rtol=1e-5)
+    for size, stride in [(1, 1), (4, 4), (4, 3), (6, 2), (7, 3)]:
+        for context in range(1, 30):
+            expected = 1 + -(-max(0, context - size) // stride)
+            assert len(Example(3 + context, 3, size, stride).windows) == expected

@@ -117,7 +117,8 @@ def cases(draw) -> Case:
             prefix = draw(st.integers(max(1, prefix - 1), min(prefix + 1, max_question + 3, len(tokens) - 2)))
         prefixes.append(prefix)
         examples.append(tokens)
-        types.append(draw(st.lists(st.integers(0, 1), min_size=len(tokens), max_size=len(tokens))))
+        if types_from == "given":
+            types.append(draw(st.lists(st.integers(0, 1), min_size=len(tokens), max_size=len(tokens))))
 
     longest = max(len(tokens) for tokens in examples)
     clusters = draw(st.one_of(st.just(1), st.integers(2, 8), st.integers(longest + 1, longest + 8)))

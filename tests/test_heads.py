@@ -342,3 +342,15 @@ def test_masked_lm_reads_a_text_with_a_separator_inside_as_one_text():
         assert not torch.allclose(default, model(torch.tensor([ids]), input_format="auto").logits, atol=1e-3)
     assert (ClusterFormerForSequenceClassification.input_format, ClusterFormerForTokenClassification.input_format,
             ClusterFormerForMultipleChoice.input_format) == ("auto", "auto", "pair")
+
+
+def test_token_losses_take_the_trainers_count_of_labelled_tokens():
+    """With ``num_items_in_batch`` (gradient accumulation in the Trainer) the MLM loss is the sum over that count."""
+    torch.manual_seed(0)
+    model = ClusterFormerForMaskedLM(tiny_config()).eval()
+    inputs = head_inputs("mlm", torch.Generator().manual_seed(14))
+    labels = head_labels("mlm", inputs)
+    with torch.no_grad():
+        mean = model(**inputs, labels=labels).loss
+        summed = model(**inputs, labels=labels, num_items_in_batch=40).loss
+    torch.testing.assert_close(summed, mean * int((labels != -100).sum()) / 40)

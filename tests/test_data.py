@@ -308,3 +308,14 @@ def test_twin_target_later_lists_the_later_mention_first(placement):
     for a, b in zip(first, later):
         assert a["context"] == b["context"] and a["answers"]["answer_start"][::-1] == b["answers"]["answer_start"]
         assert b["answers"]["answer_start"][0] > b["answers"]["answer_start"][1]
+
+
+def test_twin_places_come_from_the_first_num_places_names_of_the_pool():
+    from hf_clusterformer.data.longrange import WORD_PLACE_NAMES
+
+    records = generate_longrange_dataset(60, 0, (40, 50), "twin", min_gap_tokens=0, num_facts=5, names="words",
+                                         placement="balanced", target="later", num_places=6)
+    named = {word.rstrip(".") for r in records for word in r["context"].split() if word.rstrip(".") in WORD_PLACE_NAMES}
+    assert named <= set(WORD_PLACE_NAMES[:6]) and len(named) == 6
+    with pytest.raises(ValueError, match="num_places"):
+        generate_longrange_dataset(1, 0, (40, 50), "twin", min_gap_tokens=0, num_facts=5, num_places=3)

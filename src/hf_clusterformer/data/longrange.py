@@ -269,9 +269,11 @@ def _generate_twin(
     names: str = "invented",
     placement: str = "gap",
     target: str = "first",
+    num_places: int | None = None,
 ) -> tuple[str, str, str, list[int]]:
     """One ``twin`` example: (question, context, answer, both answer offsets, the training target first)."""
     person_names, place_names = _NAME_POOLS[names]
+    place_names = place_names[:num_places]
     if placement == "balanced":
         kinds, starts, first, second = _balanced_twin_layout(rng, context_tokens, min_gap, max_gap, num_facts)
         facts = np.flatnonzero(kinds < 0)
@@ -360,6 +362,7 @@ def generate_longrange_dataset(
     names: str = "invented",
     placement: str = "gap",
     target: str = "first",
+    num_places: int | None = None,
 ) -> list[dict[str, Any]]:
     """Generate SQuAD-format records ``{"id", "title", "question", "context", "answers"}``.
 
@@ -386,19 +389,23 @@ def generate_longrange_dataset(
             facts apart from a uniform start: every fact slot is in the pair equally often).
         target: ``twin`` only: which mention is listed first in ``answer_start`` (the one training takes):
             ``"first"`` or ``"later"``.
+        num_places: ``twin`` only: draw places from the first ``num_places`` names of the pool (None: all of it);
+            at least ``num_facts - 1``.
     """
     _check_args(kind, context_tokens, min_gap_tokens, fact_fraction)
     if num_examples < 0:
         raise ValueError(f"num_examples must be >= 0, got {num_examples}")
     max_chains = _max_chains(max_chains)
     _check_twin_options(kind, num_facts, names, placement, target, min_gap_tokens, max_gap_tokens)
+    if num_places is not None and not num_facts - 1 <= num_places <= len(_NAME_POOLS[names][1]):
+        raise ValueError(f"num_places must be in [{num_facts - 1}, {len(_NAME_POOLS[names][1])}], got {num_places}")
     split_id = _split_id(split)
     records = []
     for i in range(num_examples):
         rng = np.random.default_rng([seed, _KIND_IDS[kind], split_id, i])
         if kind == "twin":
             question, context, answer, starts = _generate_twin(
-                rng, context_tokens, min_gap_tokens, max_gap_tokens, num_facts, names, placement, target
+                rng, context_tokens, min_gap_tokens, max_gap_tokens, num_facts, names, placement, target, num_places
             )
         else:
             question, context, answer, start = _generate_one(

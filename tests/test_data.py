@@ -319,3 +319,12 @@ def test_twin_places_come_from_the_first_num_places_names_of_the_pool():
     assert named <= set(WORD_PLACE_NAMES[:6]) and len(named) == 6
     with pytest.raises(ValueError, match="num_places"):
         generate_longrange_dataset(1, 0, (40, 50), "twin", min_gap_tokens=0, num_facts=5, num_places=3)
+
+
+def test_twin_fillers_and_question_options():
+    base = dict(context_tokens=(40, 50), kind="twin", min_gap_tokens=0, num_facts=5, names="words",
+                placement="balanced", target="later")
+    records = generate_longrange_dataset(40, 0, num_fillers=3, question="Which town is home to two people?", **base)
+    fillers = {s for r in records for s in re.split(r"(?<=\.) ", r["context"]) if " lives in " not in s}
+    assert len(fillers) <= 3 and all(r["question"] == "Which town is home to two people?" for r in records)
+    assert generate_longrange_dataset(5, 0, **base) == generate_longrange_dataset(5, 0, num_fillers=None, **base)

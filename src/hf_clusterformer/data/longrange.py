@@ -134,6 +134,8 @@ def _build_fillers() -> tuple[list[str], list[str]]:
 _SHORT_FILLERS, _LONG_FILLERS = _build_fillers()
 _FILLERS = _SHORT_FILLERS + _LONG_FILLERS
 _FILLER_LEN = np.array([approx_token_count(s) for s in _FILLERS])
+#: Filler indices in a fixed shuffled order: ``num_fillers=N`` draws from the first N (``twin`` only).
+_FILLER_ORDER = np.random.default_rng(3).permutation(len(_FILLERS))
 assert all(approx_token_count(s) == _FACT_LEN for s in _SHORT_FILLERS)
 assert approx_token_count(_LINK.format("Zorvan", "Melka")) == _FACT_LEN
 assert approx_token_count(_PLACE.format("Melka", "Tarsk")) == _FACT_LEN
@@ -228,7 +230,8 @@ def _generate_one(
 
 
 def _balanced_twin_layout(
-    rng: np.random.Generator, context_tokens: tuple[int, int], min_gap: int, max_gap: int | None, num_facts: int
+    rng: np.random.Generator, context_tokens: tuple[int, int], min_gap: int, max_gap: int | None, num_facts: int,
+    fillers_pool: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, int, int]:
     """Facts spread evenly (one per 1/num_facts of the context, at a random place in it); the pair is fact ``k`` and
     fact ``k + num_facts / 2`` for a uniform ``k``, so every fact slot is in the pair with probability
@@ -241,7 +244,7 @@ def _balanced_twin_layout(
         for _segment in range(num_facts):
             fillers, total = [], _FACT_LEN
             while total < segment:
-                fillers.append(int(rng.integers(len(_FILLERS))))
+                fillers.append(int(fillers_pool[rng.integers(len(fillers_pool))]))
                 total += int(_FILLER_LEN[fillers[-1]])
             fillers.insert(int(rng.integers(len(fillers) + 1)), -1)
             kinds += fillers
@@ -270,20 +273,24 @@ def _generate_twin(
     placement: str = "gap",
     target: str = "first",
     num_places: int | None = None,
+    num_fillers: int | None = None,
+    question: str = "",
 ) -> tuple[str, str, str, list[int]]:
     """One ``twin`` example: (question, context, answer, both answer offsets, the training target first)."""
     person_names, place_names = _NAME_POOLS[names]
     place_names = place_names[:num_places]
+    fillers_pool = np.arange(len(_FILLERS)) if num_fillers is None else _FILLER_ORDER[:num_fillers]
     if placement == "balanced":
-        kinds, starts, first, second = _balanced_twin_layout(rng, context_tokens, min_gap, max_gap, num_facts)
+        kinds, starts, first, second = _balanced_twin_layout(rng, context_tokens, min_gap, max_gap, num_facts,
+                                                             fillers_pool)
         facts = np.flatnonzero(kinds < 0)
-        return _fill_twin(rng, kinds, facts, first, second, num_facts, person_names, place_names, target)
+        return _fill_twin(rng, kinds, facts, first, second, num_facts, person_names, place_names, target, question)
     for _ in range(1000):
         length = int(rng.integers(context_tokens[0], context_tokens[1] + 1))
         fillers = []
         total = 0
         while total < length - num_facts * _FACT_LEN:
-            fillers.append(int(rng.integers(len(_FILLERS))))
+            fillers.append(int(fillers_pool[rng.integers(len(fillers_pool))]))
             total += int(_FILLER_LEN[fillers[-1]])
         kinds = np.array(fillers + [-1] * num_facts)[rng.permutation(len(fillers) + num_facts)]
         lengths = np.where(kinds < 0, _FACT_LEN, _FILLER_LEN[np.maximum(kinds, 0)])
@@ -306,10 +313,10 @@ def _generate_twin(
             f"no context of {context_tokens} approximate tokens placed two facts {min_gap}-{max_gap} tokens apart; "
             "widen context_tokens or the gap range"
         )
-    return _fill_twin(rng, kinds, facts, first, second, num_facts, person_names, place_names, target)
+    return _fill_twin(rng, kinds, facts, first, second, num_facts, person_names, place_names, target, question)
 
 
-def _fill_twin(rng, kinds, facts, first, second, num_facts, person_names, place_names, target):
+def _fill_twin(rng, kinds, facts, first, second, num_facts, person_names, place_names, target, question):
     """Write the sentences of a twin layout: fact slots ``first`` and ``second`` name the same place."""
     people = rng.choice(len(person_names), size=num_facts, replace=False)
     places = [place_names[i] for i in rng.choice(len(place_names), size=num_facts - 1, replace=False)]
@@ -325,7 +332,7 @@ def _fill_twin(rng, kinds, facts, first, second, num_facts, person_names, place_
     answer_starts = [int(offsets[facts[i]]) + len(sentences[facts[i]]) - len(places[0]) - 1 for i in (first, second)]
     if target == "later":
         answer_starts.reverse()
-    return _TWIN, " ".join(sentences), places[0], answer_starts
+    return question or _TWIN, " ".join(sentences), places[0], answer_starts
 
 
 def _check_args(
@@ -363,6 +370,8 @@ def generate_longrange_dataset(
     placement: str = "gap",
     target: str = "first",
     num_places: int | None = None,
+    num_fillers: int | None = None,
+    question: str = "",
 ) -> list[dict[str, Any]]:
     """Generate SQuAD-format records ``{"id", "title", "question", "context", "answers"}``.
 
@@ -391,6 +400,8 @@ def generate_longrange_dataset(
             ``"first"`` or ``"later"``.
         num_places: ``twin`` only: draw places from the first ``num_places`` names of the pool (None: all of it);
             at least ``num_facts - 1``.
+        num_fillers: ``twin`` only: draw filler sentences from a fixed set of this many (None: all).
+        question: ``twin`` only: the question asked (default ``"Which place has two residents?"``).
     """
     _check_args(kind, context_tokens, min_gap_tokens, fact_fraction)
     if num_examples < 0:
@@ -405,7 +416,8 @@ def generate_longrange_dataset(
         rng = np.random.default_rng([seed, _KIND_IDS[kind], split_id, i])
         if kind == "twin":
             question, context, answer, starts = _generate_twin(
-                rng, context_tokens, min_gap_tokens, max_gap_tokens, num_facts, names, placement, target, num_places
+                rng, context_tokens, min_gap_tokens, max_gap_tokens, num_facts, names, placement, target, num_places,
+                num_fillers, question,
             )
         else:
             question, context, answer, start = _generate_one(

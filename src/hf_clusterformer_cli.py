@@ -1,4 +1,4 @@
-"""The ``clusterformer`` command: train, evaluate, predict, inspect, convert, push and card.
+"""The ``clusterformer`` command: train, evaluate, predict, inspect, convert, push, card and export.
 
 A top-level module so that the command starts without importing ``hf_clusterformer`` (torch, transformers):
 ``clusterformer --help`` and the usage errors of predict, inspect and push are instant; each subcommand imports what
@@ -309,6 +309,20 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    check_model_path(args.model, "MODEL_DIR")
+    from hf_clusterformer.export import ExportError, export_model
+
+    try:
+        out = export_model(args.model, args.out, format=args.format, allow_untrained=args.allow_untrained,
+                           overwrite=args.overwrite)
+    except ExportError as error:
+        raise CommandError(str(error).replace("allow_untrained=True (--allow-untrained)", "--allow-untrained")
+                           .replace("overwrite=True (--overwrite)", "--overwrite")) from error
+    print(f"wrote {out} ({args.format}: dynamic batch and length)")
+    return 0
+
+
 def _cmd_push(args: argparse.Namespace) -> int:
     if os.path.isfile(args.checkpoint):
         raise CommandError(f"checkpoint {args.checkpoint} is a file; give the checkpoint directory (with config.json).")
@@ -436,6 +450,17 @@ def build_parser(model_options: bool = False) -> argparse.ArgumentParser:
     if model_options:
         _add_model_option_flags(convert)
 
+    export = commands.add_parser(
+        "export", help="export a checkpoint to ONNX or a torch.export program (dynamic batch and length)",
+        description="Trace MODEL_DIR once with torch.export; the file takes inputs of any batch size and length.",
+    )
+    export.add_argument("model", metavar="MODEL_DIR", help="Cluster-Former checkpoint (directory or Hub id)")
+    export.add_argument("out", metavar="OUT", help="file to write (e.g. model.onnx or model.pt2)")
+    export.add_argument("--format", choices=("onnx", "torch"), default="onnx",
+                        help="onnx (run with onnxruntime) or torch (load with torch.export.load); default: %(default)s")
+    export.add_argument("--allow-untrained", action="store_true", help="export a head that was never trained")
+    export.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
+
     push = commands.add_parser("push", help="push a Cluster-Former checkpoint directory (weights, centroids, code, card)")
     push.add_argument("checkpoint")
     push.add_argument("repo_id")
@@ -493,7 +518,8 @@ def main(argv: list[str] | None = None) -> int:
             return card(argv[1:], prog="clusterformer card")
         parser = build_parser(model_options=bool(argv) and argv[0] == "convert")
         args = parser.parse_args(_dash_options(parser, argv))
-        handler = {"predict": _cmd_predict, "inspect": _cmd_inspect, "convert": _cmd_convert, "push": _cmd_push}
+        handler = {"predict": _cmd_predict, "inspect": _cmd_inspect, "convert": _cmd_convert, "push": _cmd_push,
+                   "export": _cmd_export}
         with _quiet(verbose):
             return handler[args.command](args)
     except CommandError as error:

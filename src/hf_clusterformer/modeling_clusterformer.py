@@ -104,6 +104,23 @@ def count_routed_chunks(
     return math.ceil(most / window_stride)
 
 
+def export_sizes(config: ClusterFormerConfig, length) -> tuple:
+    """Window count K, prefix width S - l and routed chunk count C for an input of ``length`` tokens (an int or a
+    symbolic size), without reading lengths back: what `torch.export` traces instead of the per-batch sizes.
+
+    Upper bounds over every batch of that length: a prefix holds at most ``max_question_length`` + 3 tokens and a
+    context at most ``length - 1``, so at most ``1 + ceil((length - 1) / m)`` windows, and one more (K >= 3 for any
+    length, so the traced program has no special case for one or two windows); the prefix width is rounded up so
+    that a window's S slots are a whole number of chunks, and every chunk runs (``C = K S / m``), which keeps the
+    traced sizes simple multiples of K. The windows, slots and chunks past a batch's own sizes are empty (masked),
+    so outputs equal those of the exact sizes.
+    """
+    stride, size = config.window_stride, config.window_size
+    slots = -(-(config.max_question_length + QUESTION_PREFIX_SPECIAL_TOKENS + size) // stride) * stride
+    num_windows = (length + 3 * stride - 2) // stride
+    return num_windows, slots - size, num_windows * (slots // stride)
+
+
 @dataclass
 class WindowLayout:
     """Where every window slot's token comes from.
@@ -374,12 +391,16 @@ def sort_into_chunks(
     they are invalid, so attention never lets them reach a valid slot, and `unsort_from_chunks` drops them.
     """
     batch, length, hidden = states.shape
-    total_chunks = max(1, math.ceil(length / chunk_size))
+    total_chunks = max(1, -(-length // chunk_size))  # integer ceil: exportable sizes
     num_chunks = total_chunks if num_chunks is None else max(1, min(num_chunks, total_chunks))
     padded = total_chunks * chunk_size
     if padded > length:
         ids = F.pad(ids, (0, padded - length), value=sentinel)
-    order = torch.sort(ids, dim=1, stable=True).indices[:, : num_chunks * chunk_size]  # (B, C*m)
+    if torch.compiler.is_exporting():  # ONNX has no stable sort: sort the unique keys id * L + position instead
+        keys = ids * ids.shape[1] + torch.arange(ids.shape[1], device=ids.device)
+        order = torch.sort(keys, dim=1).indices[:, : num_chunks * chunk_size]
+    else:
+        order = torch.sort(ids, dim=1, stable=True).indices[:, : num_chunks * chunk_size]  # (B, C*m)
     source = order.clamp(max=length - 1) if padded > length else order
     sorted_states = torch.gather(states, 1, source.unsqueeze(-1).expand(-1, -1, hidden))
     chunk_valid = torch.gather(ids, 1, order) != sentinel
@@ -401,7 +422,7 @@ def unsort_from_chunks(
     batch, kept = order.shape
     hidden = chunks.shape[-1]
     flat = chunks.reshape(batch, kept, hidden)
-    padded = max(kept, math.ceil(length / max(1, chunks.shape[1])) * chunks.shape[1])
+    padded = max(kept, -(-length // max(1, chunks.shape[1])) * chunks.shape[1])
     if fill is None:
         if kept < length:
             raise ValueError(f"unsort_from_chunks got {kept} of {length} slots; pass fill for the others.")
@@ -975,7 +996,7 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
         attention_mask: torch.Tensor | None,
         question_lengths: torch.Tensor | list[int] | None,
         input_format: str = "pair",
-    ) -> tuple[list[int], list[int], torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> tuple[list[int] | None, list[int] | None, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Validate the batch and locate every example in it.
 
         Args:
@@ -987,6 +1008,7 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
         Returns:
             Per example, as Python ints: prefix lengths and real lengths (prefix + context); and as (B,) tensors:
             prefix lengths, real lengths, the index of the first real token (long) and which rows are one text (bool).
+            While exporting (`torch.compiler.is_exporting`) the ints are None: nothing is read back or checked.
         """
         config = self.config
         self._check_inputs(input_ids, inputs_embeds)
@@ -1025,6 +1047,8 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
                 raise ValueError(f"question_lengths has {prefix.shape[0]} entries for a batch of {batch}.")
             question, found = prefix - QUESTION_PREFIX_SPECIAL_TOKENS, torch.ones_like(one_block)
             single = torch.zeros_like(one_block)
+        if torch.compiler.is_exporting():  # no read-back (nor checks) while exporting: sizes from the shape
+            return None, None, prefix, lengths, starts, single
         last = (starts + lengths - 1).clamp(min=0).unsqueeze(1)
         context = lengths - prefix - torch.gather(is_sep, 1, last).squeeze(1).long()  # without the closing separator
         stats = torch.stack([prefix, lengths, question, context, one_block.long(), found.long()])
@@ -1136,12 +1160,16 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
             input_ids, inputs_embeds, attention_mask, question_lengths, input_format or self.input_format
         )
         stride, size = config.window_stride, config.window_size
-        num_windows = max(count_windows(t - p, size, stride) for p, t in zip(prefixes, totals))
-        routed_chunks = count_routed_chunks(prefixes, totals, size, stride, config.chunk_question_prefix)
-        layout = build_window_layout(
-            prefix, lengths, size, stride, num_windows, max(prefixes), padding_idx=config.pad_token_id, starts=starts
-        )
         length = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+        if prefixes is None:  # exporting: bounds from the input length, the windows and chunks beyond them empty
+            num_windows, prefix_width, routed_chunks = export_sizes(config, length)
+        else:
+            num_windows = max(count_windows(t - p, size, stride) for p, t in zip(prefixes, totals))
+            routed_chunks = count_routed_chunks(prefixes, totals, size, stride, config.chunk_question_prefix)
+            prefix_width = max(prefixes)
+        layout = build_window_layout(
+            prefix, lengths, size, stride, num_windows, prefix_width, padding_idx=config.pad_token_id, starts=starts
+        )
         states = self._embed_windows(input_ids, inputs_embeds, token_type_ids, layout, single)
         encoded = self.encoder(
             states,
@@ -1649,6 +1677,7 @@ __all__ = [
     "build_window_layout",
     "count_routed_chunks",
     "count_windows",
+    "export_sizes",
     "merge_overlaps_",
     "order_centroids_greedy",
     "overlap_slots",

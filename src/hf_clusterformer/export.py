@@ -1,0 +1,186 @@
+"""Deployment: `torch.export` and ONNX programs of a Cluster-Former model with a dynamic batch and sequence length.
+
+``export_model(model, out, format="onnx")`` writes an ONNX file (the dynamo exporter) that onnxruntime runs;
+``format="torch"`` writes a `torch.export` program (``.pt2``, load it with `torch.export.load`). Both take
+``input_ids`` and ``attention_mask`` (B, T) of any B and T, padded on either side, and give the head's logits
+(QA: ``start_logits``, ``end_logits`` and ``answerable_logits`` when the model has that head; the sequence,
+token-classification and masked-LM heads: ``logits``; the base model: ``last_hidden_state``, ``pooler_output``).
+
+The model's per-batch sizes (window count, prefix width, routed chunks) depend on the data, which eager code reads
+back once per forward. While exporting, `ClusterFormerModel` takes them instead as upper bounds from the input length
+(`hf_clusterformer.modeling_clusterformer.export_sizes`), the windows and chunks past a batch's own being empty, and
+sorts routed states by the unique key id * L + position (ONNX has no stable sort): outputs equal eager ones at every
+length, while eager code is unchanged. The centroids are buffers, so they are part of the exported weights. The
+exported program does not check its inputs (question and context limits, token ids): pass what the tokenizer gives.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .modeling_clusterformer import (
+    ClusterFormerForMaskedLM,
+    ClusterFormerForMultipleChoice,
+    ClusterFormerForQuestionAnswering,
+    ClusterFormerForSequenceClassification,
+    ClusterFormerForTokenClassification,
+    ClusterFormerModel,
+    ClusterFormerPreTrainedModel,
+)
+from .pipeline import check_checkpoint_source, untrained_weights
+
+__all__ = ["EXPORT_CLASSES", "FORMATS", "ExportError", "ExportedHead", "export_model", "export_program",
+           "example_inputs", "load_for_export", "output_names"]
+
+#: What `export_model` writes: an ONNX file, or a `torch.export` program.
+FORMATS = ("onnx", "torch")
+
+#: The classes that export (multiple choice takes (B, C, T) inputs and is left out).
+EXPORT_CLASSES = {cls.__name__: cls for cls in (
+    ClusterFormerForQuestionAnswering, ClusterFormerForSequenceClassification, ClusterFormerForTokenClassification,
+    ClusterFormerForMaskedLM, ClusterFormerModel,
+)}
+
+
+class ExportError(ValueError):
+    """Bad input to `export_model` or `load_for_export`, in one line naming the input and the fix."""
+
+
+def output_names(model: ClusterFormerPreTrainedModel) -> list[str]:
+    """Names of the exported program's outputs, in order."""
+    if isinstance(model, ClusterFormerForQuestionAnswering):
+        return ["start_logits", "end_logits"] + (["answerable_logits"] if model.answerability is not None else [])
+    if isinstance(model, ClusterFormerModel):
+        return ["last_hidden_state", "pooler_output"]
+    return ["logits"]
+
+
+class ExportedHead(nn.Module):
+    """The model as ``(input_ids, attention_mask) -> tuple of tensors`` (`output_names`), what is exported."""
+
+    def __init__(self, model: ClusterFormerPreTrainedModel):
+        super().__init__()
+        self.model = model
+        self.names = output_names(model)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, return_dict=True)
+        return tuple(outputs[name] for name in self.names)
+
+
+def example_inputs(config, length: int | None = None, batch: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    """A right-padded batch of pair encodings ``<s> Q </s></s> C </s>`` to trace with: (B, T) ids and mask.
+
+    The sizes are symbolic in the exported program, so any values do; the default length spans two windows.
+    """
+    length = length or config.window_size + config.window_stride + 8
+    special = {config.bos_token_id, config.pad_token_id, config.separator_token_id, config.eos_token_id}
+    filler = next(token for token in range(config.vocab_size) if token not in special)
+    ids = torch.full((batch, length), config.pad_token_id, dtype=torch.long)
+    mask = torch.zeros(batch, length, dtype=torch.long)
+    for row in range(batch):
+        real = length - 3 * row if length - 3 * row >= 7 else length
+        question = min(3, config.max_question_length)
+        tokens = [config.bos_token_id, *[filler] * question, config.separator_token_id, config.separator_token_id]
+        tokens += [filler] * (real - len(tokens) - 1) + [config.separator_token_id]
+        ids[row, :real] = torch.tensor(tokens[:real])
+        mask[row, :real] = 1
+    return ids, mask
+
+
+def export_program(model: ClusterFormerPreTrainedModel, length: int | None = None) -> torch.export.ExportedProgram:
+    """`torch.export` of ``model`` (in eval mode) with dynamic batch and length dimensions, traced at ``length``."""
+    if not isinstance(model, tuple(EXPORT_CLASSES.values())):
+        raise ExportError(f"cannot export a {type(model).__name__}; export one of {', '.join(EXPORT_CLASSES)}.")
+    model.eval()
+    ids, mask = example_inputs(model.config, length)
+    batch, tokens = torch.export.Dim("batch", min=1), torch.export.Dim("length", min=2)
+    dims = {0: batch, 1: tokens}
+    with torch.no_grad():
+        return torch.export.export(
+            ExportedHead(model), (ids, mask), dynamic_shapes={"input_ids": dims, "attention_mask": dims},
+            strict=False, prefer_deferred_runtime_asserts_over_guards=True,
+        )
+
+
+def load_for_export(path: str | os.PathLike) -> ClusterFormerPreTrainedModel:
+    """The model class that ``config.json``'s ``architectures`` names, from a checkpoint directory or Hub id, in eval
+    mode; weights the checkpoint lacks (a new head) are recorded as untrained (`untrained_weights` reads them)."""
+    from transformers import AutoConfig
+
+    from .pipeline import mark_untrained
+
+    try:
+        path = check_checkpoint_source(path, "model")
+    except (OSError, TypeError) as error:
+        raise ExportError(str(error)) from error
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=False)
+    except (OSError, ValueError) as error:
+        raise ExportError(f"could not load a Cluster-Former config from {path}: {error}") from error
+    if config.model_type != "clusterformer":
+        raise ExportError(f"{path} is a {config.model_type!r} checkpoint, not a Cluster-Former one; convert it first "
+                          f"(`clusterformer convert {path} OUT`) and export OUT.")
+    names = [name for name in (config.architectures or ["ClusterFormerForQuestionAnswering"]) if name in EXPORT_CLASSES]
+    if not names:
+        raise ExportError(f"{path} holds a {config.architectures[0]}, which does not export; export one of "
+                          f"{', '.join(EXPORT_CLASSES)}.")
+    try:
+        model, info = EXPORT_CLASSES[names[0]].from_pretrained(path, output_loading_info=True)
+    except (OSError, ValueError) as error:
+        raise ExportError(f"could not load the weights of {path}: {error}") from error
+    new = [key for key in info["missing_keys"] if ".routers." not in key]
+    mark_untrained(model, sorted(set(new) | set(untrained_weights(model))))
+    return model.eval()
+
+
+def export_model(
+    model: ClusterFormerPreTrainedModel | str | os.PathLike,
+    out: str | os.PathLike,
+    format: str = "onnx",
+    *,
+    allow_untrained: bool = False,
+    length: int | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Export ``model`` (a model, or a checkpoint directory or Hub id) to ``out``: an ONNX file or a ``.pt2`` program.
+
+    Args:
+        model: a Cluster-Former model (QA, sequence or token classification, masked LM, or the base model) or where
+            to load one from (`load_for_export`).
+        out: the file to write.
+        format: ``"onnx"`` (the dynamo exporter; run it with onnxruntime) or ``"torch"`` (`torch.export.save`).
+        allow_untrained: export a head whose weights were never trained (their outputs are random).
+        length: the input length to trace at (any; the program takes every length).
+        overwrite: replace an existing ``out``.
+
+    Returns:
+        The path written. Raises `ExportError` (one line) on bad input.
+    """
+    if format not in FORMATS:
+        raise ExportError(f"unknown export format {format!r}; use one of {', '.join(FORMATS)}.")
+    out = Path(out)
+    if out.is_dir():
+        raise ExportError(f"{out} is a folder; give the file to write, e.g. {out / ('model.' + ('onnx' if format == 'onnx' else 'pt2'))}.")
+    if out.exists() and not overwrite:
+        raise ExportError(f"{out} exists; pass overwrite=True (--overwrite) to replace it.")
+    if not isinstance(model, nn.Module):
+        model = load_for_export(model)
+    untrained = untrained_weights(model)
+    if untrained and not allow_untrained:
+        raise ExportError(f"the model's {', '.join(untrained)} were never trained, so its outputs are random; train it "
+                          "first, or pass allow_untrained=True (--allow-untrained) to export it anyway.")
+    program = export_program(model, length)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if format == "torch":
+        torch.export.save(program, str(out))
+        return out
+    names = output_names(model)
+    onnx_program = torch.onnx.export(program, input_names=["input_ids", "attention_mask"], output_names=names,
+                                     dynamo=True, optimize=False, verbose=False)
+    onnx_program.save(str(out))
+    return out

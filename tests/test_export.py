@@ -1,0 +1,123 @@
+"""Export: one `torch.export` program and one ONNX file, traced at one length, equal to eager at other lengths and
+batch sizes (padding included); bad input to `export_model` is one line."""
+
+import pytest
+import torch
+from hf_clusterformer_cli import main
+from helpers import pad_batch, random_example, tiny_config
+
+from hf_clusterformer import ClusterFormerForQuestionAnswering, ClusterFormerForSequenceClassification
+from hf_clusterformer.export import ExportError, export_model, export_program, load_for_export
+
+ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxscript")
+
+# Window l = 16, stride m = 12 (tiny_config); every layer type, and the traced length is none of those below.
+CONFIG = dict(num_hidden_layers=4, cluster_layers=[1, 2, 3], global_layer_type=["cluster", "lsh", "sparse"])
+TRACED_LENGTH = 41
+#: (question, context) lengths per row: shorter than one window, several windows, a length that is no multiple of m.
+BATCHES = {
+    "one window": [(3, 6)],
+    "several windows": [(4, 80), (6, 44), (2, 3)],
+    "not a multiple of the stride": [(5, 37)],
+    "padded, batch of 3": [(8, 29), (1, 61), (3, 14)],
+}
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    torch.manual_seed(0)
+    model = ClusterFormerForQuestionAnswering(tiny_config(**CONFIG)).eval()
+    for router in model.cluster_routers().values():
+        router.fitted.fill_(True)
+    folder = tmp_path_factory.mktemp("export")
+    program = export_program(model, TRACED_LENGTH)  # what format="torch" saves (torch.export.load takes a minute)
+    onnx_file = export_model(model, folder / "model.onnx", length=TRACED_LENGTH)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(str(onnx_file), options, providers=["CPUExecutionProvider"])
+    return model, program.module(), session
+
+
+@pytest.mark.parametrize("rows", BATCHES.values(), ids=BATCHES.keys())
+def test_exported_program_and_onnx_equal_eager_at_other_lengths(exported, rows):
+    model, program, session = exported
+    generator = torch.Generator().manual_seed(len(rows) * 100 + rows[0][1])
+    ids, mask = pad_batch([random_example(generator, question, context) for question, context in rows])
+    assert ids.shape[1] != TRACED_LENGTH
+    with torch.no_grad():
+        eager = model(input_ids=ids, attention_mask=mask)
+        start, end = program(ids, mask)
+    onnx_start, onnx_end = session.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})
+    for got in (start, torch.from_numpy(onnx_start)):
+        torch.testing.assert_close(got, eager.start_logits, atol=1e-4, rtol=0)
+    for got in (end, torch.from_numpy(onnx_end)):
+        torch.testing.assert_close(got, eager.end_logits, atol=1e-4, rtol=0)
+
+
+def test_left_padding_and_another_head(tmp_path):
+    """A classification head exports too (`clusterformer export --format torch` writes its .pt2 file), and
+    left-padded rows give eager's logits."""
+    torch.manual_seed(1)
+    model = ClusterFormerForSequenceClassification(tiny_config(num_labels=3)).eval()
+    for router in model.cluster_routers().values():
+        router.fitted.fill_(True)
+    model.save_pretrained(tmp_path / "cls")
+    assert main(["export", str(tmp_path / "cls"), str(tmp_path / "cls.pt2"), "--format", "torch"]) == 0
+    assert (tmp_path / "cls.pt2").stat().st_size > 0
+    program = export_program(model).module()
+    generator = torch.Generator().manual_seed(3)
+    ids, mask = pad_batch([random_example(generator, 4, 30), random_example(generator, 2, 7)])
+    ids, mask = ids.flip(1), mask.flip(1)  # left padding (the rows reversed: still pair encodings of random tokens)
+    with torch.no_grad():
+        torch.testing.assert_close(program(ids, mask)[0], model(input_ids=ids, attention_mask=mask).logits,
+                                   atol=1e-4, rtol=0)
+
+
+def test_bad_input_is_one_line(tmp_path):
+    torch.manual_seed(0)
+    model = ClusterFormerForQuestionAnswering(tiny_config())
+    with pytest.raises(ExportError, match="unknown export format 'tflite'") as error:
+        export_model(model, tmp_path / "m.tflite", format="tflite")
+    assert "\n" not in str(error.value)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ExportError, match="config.json") as error:
+        load_for_export(tmp_path / "empty")
+    assert "\n" not in str(error.value)
+    folder = tmp_path / "untrained"
+    ClusterFormerForSequenceClassification(tiny_config()).save_pretrained(folder)
+    with pytest.raises(ExportError, match="never trained.*--allow-untrained") as error:
+        export_model(_as_qa(folder), tmp_path / "m.onnx")
+    assert "\n" not in str(error.value)
+
+
+def _as_qa(folder):
+    """A QA model from a classifier's folder: its QA head is new, recorded as untrained."""
+    from hf_clusterformer.pipeline import mark_untrained
+
+    model, info = ClusterFormerForQuestionAnswering.from_pretrained(folder, output_loading_info=True)
+    mark_untrained(model, [key for key in info["missing_keys"] if ".routers." not in key])
+    return model
+
+
+def test_command_errors_are_one_line(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    folder = tmp_path / "classifier"
+    ClusterFormerForSequenceClassification(tiny_config()).save_pretrained(folder)
+    from hf_clusterformer.configuration_clusterformer import ClusterFormerConfig
+
+    config = ClusterFormerConfig.from_pretrained(folder)
+    config.architectures = ["ClusterFormerForQuestionAnswering"]  # a QA checkpoint without its QA head
+    config.save_pretrained(folder)
+    capsys.readouterr()  # the saving's progress bars
+    cases = [
+        (["export", str(tmp_path / "empty"), str(tmp_path / "m.onnx")], "config.json"),
+        (["export", str(folder), str(tmp_path / "m.onnx"), "--format", "tflite"], "invalid choice: 'tflite'"),
+        (["export", str(folder), str(tmp_path / "m.onnx")], "never trained.*--allow-untrained"),
+    ]
+    for argv, expected in cases:
+        assert main(argv) == 2
+        error = capsys.readouterr().err.strip()
+        assert len(error.splitlines()) == 1 and error.startswith("clusterformer: error:"), error
+        assert __import__("re").search(expected, error), error
+    assert not (tmp_path / "m.onnx").exists()

@@ -11,7 +11,7 @@ install: $(STAMP)
 $(STAMP): setup.cfg constraints.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[test,plot]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[test,plot,onnx]"
 	touch $(STAMP)
 
 demo: install

@@ -85,7 +85,7 @@ def test_readme_command_lines_name_real_options(capsys):
     text = README.read_text(encoding="utf-8")
     block = text[text.index("## Command line") :].split("```")[1]
     lines = [line.split("#")[0].split() for line in block.splitlines() if line.startswith("clusterformer ")]
-    assert {line[1] for line in lines} == {"train", "evaluate", "predict", "inspect", "convert", "push", "card"}
+    assert {line[1] for line in lines} == {"train", "evaluate", "predict", "inspect", "convert", "push", "card", "export"}
     for line in lines:
         with pytest.raises(SystemExit) as exit_info:
             main([line[1], "--help"])

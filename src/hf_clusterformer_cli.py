@@ -360,7 +360,9 @@ def _push(checkpoint: str, repo_id: str, private: bool = False, message: str | N
         raise CommandError(f"the Hub refused to push {target} (HTTP {status}); {fix}.") from error
     except (OSError, httpx.HTTPError) as error:  # unreachable, or the connection dropped during the upload
         raise CommandError(f"cannot push {target}: {error}; check the network or HF_ENDPOINT.") from error
-    print(f"pushed {target}: {getattr(info, 'oid', info)}")
+    commit = getattr(info, "oid", info)
+    print(f"pushed {target}: commit {commit}; pin it where the code is loaded remotely: "
+          f"from_pretrained({repo_id!r}, trust_remote_code=True, revision={str(commit)!r})")
     skipped = Counter(name.split("/")[0] + ("/" if "/" in name else "") for name in hub_files(checkpoint)[1])
     if skipped:
         listed = ", ".join(name + (f" ({count} files)" if name.endswith("/") else "") for name, count in skipped.items())

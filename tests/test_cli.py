@@ -474,6 +474,8 @@ def test_push_takes_the_train_output_and_skips_training_state(trained, hub_serve
     files = set(HfApi(endpoint=hub_server.url, token="hf_test_token").list_repo_files("user/trained"))
     assert {"config.json", "model.safetensors", "modeling_clusterformer.py", "README.md", "tokenizer.json"} <= files
     assert not [name for name in files if name.endswith(".bin") or name.startswith("checkpoint-")]
+    sha = HfApi(endpoint=hub_server.url, token="hf_test_token").model_info("user/trained").sha
+    assert f"commit {sha}" in result.stdout and f"revision='{sha}'" in result.stdout  # the commit to pin
 
 
 def test_push_without_a_token_or_a_hub(trained, hub_server, tmp_path):

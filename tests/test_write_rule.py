@@ -469,7 +469,7 @@ def test_tokenizer_without_the_plugin_loads_as_the_card_says(hub_model):
     reads the config (which names code) before any tokenizer; the card and README pass ``trust_remote_code=True``,
     which loads it without a prompt."""
     card = (hub_model / "README.md").read_text(encoding="utf-8")
-    assert 'AutoTokenizer.from_pretrained("path/to/checkpoint", trust_remote_code=True)' in card
+    assert 'AutoTokenizer.from_pretrained("path/to/checkpoint", trust_remote_code=True, revision=revision)' in card
     code = """
 from transformers import AutoTokenizer
 print(type(AutoTokenizer.from_pretrained(sys.argv[1], trust_remote_code=True)).__name__)

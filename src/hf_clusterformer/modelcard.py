@@ -228,6 +228,7 @@ def make_model_card(
     language: str | Sequence[str] | None = "en",
     tags: Sequence[str] = (),
     description: str | None = None,
+    revision: str | None = None,
 ) -> ModelCard:
     """Build the README.md of a Cluster-Former checkpoint.
 
@@ -247,6 +248,9 @@ def make_model_card(
             `default_widget`.
         license, language, tags: metadata; tags are added to the Cluster-Former defaults.
         description: an opening paragraph.
+        revision: the Hub commit (or tag) the remote-code snippets pin with ``revision=``; default ``"main"``, with a
+            note to replace it by the commit a user tested (`hub.push_model` returns it, ``clusterformer push``
+            prints it).
 
     Returns:
         A `ModelCard` with YAML metadata (``library_name: transformers``, ``pipeline_tag: question-answering``,
@@ -286,6 +290,8 @@ def make_model_card(
         hub_datasets=hub_datasets,
         training_data=(training_data or "").strip(),
         repo=model_id or "path/to/checkpoint",
+        revision=revision or "main",
+        pinned=bool(revision),
         question=json.dumps(question),
         long_text=_snippet_text(examples),
         citation=CITATION,
@@ -386,7 +392,7 @@ def _fmt(value: float | None) -> str:
 
 _SPEC_KEYS = {
     "model_id", "base_model", "datasets", "training_data", "results", "results_dataset", "centroids_fitted",
-    "centroid_fitting", "widget", "license", "language", "tags", "description",
+    "centroid_fitting", "widget", "license", "language", "tags", "description", "revision",
 }
 
 
@@ -419,6 +425,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m hf_clusterfor
     parser.add_argument("--results", help="evaluation results JSON, e.g. all_results.json (replaces the spec's results)")
     parser.add_argument("--model-id", help="Hub repo id or name")
     parser.add_argument("--base-model", help="Hub id of the base RoBERTa checkpoint")
+    parser.add_argument("--revision", help="Hub commit the remote-code snippets pin (default: main, to replace)")
     parser.add_argument("--dataset", action="append", default=None,
                         help="Hub dataset id, or longrange / local / squad-multipassage (repeatable)")
     parser.add_argument("--save-spec", action="store_true", help="write the merged spec back to --spec")
@@ -481,7 +488,8 @@ def _write_card(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
                     spec[key] = value
                 elif value:
                     spec.setdefault(key, value)
-    for key, value in (("model_id", args.model_id), ("base_model", args.base_model), ("datasets", args.dataset)):
+    for key, value in (("model_id", args.model_id), ("base_model", args.base_model), ("datasets", args.dataset),
+                       ("revision", args.revision)):
         if value:
             spec[key] = value
     if "config" not in spec:

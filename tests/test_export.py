@@ -7,7 +7,14 @@ from hf_clusterformer_cli import main
 from helpers import pad_batch, random_example, tiny_config
 
 from hf_clusterformer import ClusterFormerForQuestionAnswering, ClusterFormerForSequenceClassification
-from hf_clusterformer.export import ExportError, export_model, export_program, load_for_export
+from hf_clusterformer.export import (
+    ExportError,
+    export_model,
+    export_program,
+    load_for_export,
+    output_names,
+    write_program,
+)
 
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
@@ -31,8 +38,9 @@ def exported(tmp_path_factory):
     for router in model.cluster_routers().values():
         router.fitted.fill_(True)
     folder = tmp_path_factory.mktemp("export")
-    program = export_program(model, TRACED_LENGTH)  # what format="torch" saves (torch.export.load takes a minute)
-    onnx_file = export_model(model, folder / "model.onnx", length=TRACED_LENGTH)
+    program = export_program(model, TRACED_LENGTH)  # the same as export_model(..., length=TRACED_LENGTH) writes
+    assert write_program(program, folder / "model.pt2", "torch", output_names(model)).stat().st_size > 0
+    onnx_file = write_program(program, folder / "model.onnx", "onnx", output_names(model))
     options = ort.SessionOptions()
     options.log_severity_level = 3
     session = ort.InferenceSession(str(onnx_file), options, providers=["CPUExecutionProvider"])

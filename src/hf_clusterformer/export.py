@@ -34,7 +34,7 @@ from .modeling_clusterformer import (
 from .pipeline import check_checkpoint_source, untrained_weights
 
 __all__ = ["EXPORT_CLASSES", "FORMATS", "ExportError", "ExportedHead", "export_model", "export_program",
-           "example_inputs", "load_for_export", "output_names"]
+           "example_inputs", "load_for_export", "output_names", "write_program"]
 
 #: What `export_model` writes: an ONNX file, or a `torch.export` program.
 FORMATS = ("onnx", "torch")
@@ -174,12 +174,19 @@ def export_model(
     if untrained and not allow_untrained:
         raise ExportError(f"the model's {', '.join(untrained)} were never trained, so its outputs are random; train it "
                           "first, or pass allow_untrained=True (--allow-untrained) to export it anyway.")
-    program = export_program(model, length)
+    return write_program(export_program(model, length), out, format, output_names(model))
+
+
+def write_program(
+    program: torch.export.ExportedProgram, out: str | os.PathLike, format: str, names: list[str]
+) -> Path:
+    """Write a program from `export_program` as a ``.pt2`` file (``format="torch"``) or an ONNX file whose outputs
+    are called ``names`` (`output_names` of the model)."""
+    out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if format == "torch":
         torch.export.save(program, str(out))
         return out
-    names = output_names(model)
     onnx_program = torch.onnx.export(program, input_names=["input_ids", "attention_mask"], output_names=names,
                                      dynamo=True, optimize=False, verbose=False)
     onnx_program.save(str(out))

@@ -36,6 +36,7 @@ bench: install
 	$(PY) bench/bench_encoder.py
 	$(PY) bench/bench_kmeans.py
 	$(PY) bench/bench_capture.py
+	$(PY) bench/bench_export.py
 
 clean:
 	rm -rf $(VENV) outputs build src/*.egg-info

@@ -110,15 +110,15 @@ def export_sizes(config: ClusterFormerConfig, length) -> tuple:
 
     Upper bounds over every batch of that length: a prefix holds at most ``max_question_length`` + 3 tokens and a
     context at most ``length - 1``, so at most ``1 + ceil((length - 1) / m)`` windows, and one more (K >= 3 for any
-    length, so the traced program has no special case for one or two windows); the prefix width is rounded up so
-    that a window's S slots are a whole number of chunks, and every chunk runs (``C = K S / m``), which keeps the
-    traced sizes simple multiples of K. The windows, slots and chunks past a batch's own sizes are empty (masked),
+    length, so the traced program has no special case for one or two windows); every routed chunk runs,
+    ``ceil(S / m)`` per window (``C = K ceil(S / m)``, so that C m >= K S and both are multiples of K, which keeps
+    the traced sizes free of ceilings). The windows, slots and chunks past a batch's own sizes are empty (masked),
     so outputs equal those of the exact sizes.
     """
     stride, size = config.window_stride, config.window_size
-    slots = -(-(config.max_question_length + QUESTION_PREFIX_SPECIAL_TOKENS + size) // stride) * stride
+    prefix_width = config.max_question_length + QUESTION_PREFIX_SPECIAL_TOKENS
     num_windows = (length + 3 * stride - 2) // stride
-    return num_windows, slots - size, num_windows * (slots // stride)
+    return num_windows, prefix_width, num_windows * -(-(prefix_width + size) // stride)
 
 
 @dataclass
@@ -391,8 +391,11 @@ def sort_into_chunks(
     they are invalid, so attention never lets them reach a valid slot, and `unsort_from_chunks` drops them.
     """
     batch, length, hidden = states.shape
-    total_chunks = max(1, -(-length // chunk_size))  # integer ceil: exportable sizes
-    num_chunks = total_chunks if num_chunks is None else max(1, min(num_chunks, total_chunks))
+    if torch.compiler.is_exporting() and num_chunks is not None:  # `export_sizes`: C m >= L, both multiples of K
+        total_chunks = num_chunks
+    else:
+        total_chunks = max(1, -(-length // chunk_size))  # integer ceil: exportable sizes
+        num_chunks = total_chunks if num_chunks is None else max(1, min(num_chunks, total_chunks))
     padded = total_chunks * chunk_size
     if padded > length:
         ids = F.pad(ids, (0, padded - length), value=sentinel)
@@ -422,7 +425,10 @@ def unsort_from_chunks(
     batch, kept = order.shape
     hidden = chunks.shape[-1]
     flat = chunks.reshape(batch, kept, hidden)
-    padded = max(kept, -(-length // max(1, chunks.shape[1])) * chunks.shape[1])
+    if torch.compiler.is_exporting() and kept >= length:  # `export_sizes`: every chunk kept, C m >= L
+        padded = kept
+    else:
+        padded = max(kept, -(-length // max(1, chunks.shape[1])) * chunks.shape[1])
     if fill is None:
         if kept < length:
             raise ValueError(f"unsort_from_chunks got {kept} of {length} slots; pass fill for the others.")

@@ -16,6 +16,7 @@ exported program does not check its inputs (question and context limits, token i
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -168,6 +169,11 @@ def export_model(
         raise ExportError(f"{out} is a folder; give the file to write, e.g. {out / ('model.' + ('onnx' if format == 'onnx' else 'pt2'))}.")
     if out.exists() and not overwrite:
         raise ExportError(f"{out} exists; pass overwrite=True (--overwrite) to replace it.")
+    if format == "onnx":
+        missing = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
+        if missing:
+            raise ExportError(f"ONNX export needs {' and '.join(missing)}; install the onnx extra: "
+                              "pip install 'hf-clusterformer[onnx]' (or --format torch).")
     if not isinstance(model, nn.Module):
         model = load_for_export(model)
     untrained = untrained_weights(model)

@@ -80,7 +80,7 @@ def main() -> None:
 
     print(
         f"device {device}, threads {torch.get_num_threads()}, hidden {args.hidden}, layers {args.layers} "
-        f"(cluster layers {config.cluster_layers}), batch {args.batch} x {batch['input_ids'].shape[1]} tokens"
+        f"(cluster layers {config.global_layers}), batch {args.batch} x {batch['input_ids'].shape[1]} tokens"
     )
     for label, cap in (("all states", None), ("subsample 256/forward", 256)):
         updater = CentroidUpdater(model, memory_size=100_000, max_capture_per_forward=cap)
@@ -93,7 +93,7 @@ def main() -> None:
             for _ in range(args.block):
                 times[hooked].append(step())
             hooked = not hooked
-        captured = len(updater.banks[config.cluster_layers[0]])
+        captured = len(updater.banks[config.global_layers[0]])
         updater.close()
         with_hooks, without = statistics.median(times[True]), statistics.median(times[False])
         print(

@@ -124,7 +124,7 @@ def clusterformer_flops(config: ClusterFormerConfig, prefix: int, context: int, 
     windows = window_lengths(prefix, context, config.window_size, config.window_stride)
     sliding = sum(segment_flops(n, n, d, inter) for n in windows)
     total = 0.0
-    for layer_type in config.layer_types:
+    for layer_type in config.layer_kinds:
         if floor or layer_type == "sliding":
             total += sliding
         elif layer_type in ("cluster", "lsh"):
@@ -472,7 +472,7 @@ def main() -> None:
                 models[f"{name}+compile"] = torch.compile(models[name], mode=args.compile_mode, dynamic=False)
 
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"device={device_name} dtype={dtype} hidden={args.hidden} layers={args.layers} cluster_layers={config.cluster_layers} "
+    print(f"device={device_name} dtype={dtype} hidden={args.hidden} layers={args.layers} cluster_layers={config.global_layers} "
           f"threads={torch.get_num_threads()} torch={torch.__version__} repeats={args.repeats} warmup={args.warmup}"
           + (f" peak={peak} TFLOP/s" if peak else ""))
     header = (f"{'tokens':>7} {'model':>21} {'mode':>7} {'median s':>9} {'q1-q3 s':>17} {'min-max s':>17} "
@@ -557,7 +557,7 @@ def main() -> None:
             profiles[length] = results
         if args.json:  # after every length, so that a run cut short keeps what it measured
             meta = {"device": device_name, "dtype": str(dtype), "hidden": args.hidden, "layers": args.layers,
-                    "cluster_layers": config.cluster_layers, "torch": torch.__version__, "repeats": args.repeats,
+                    "cluster_layers": config.global_layers, "torch": torch.__version__, "repeats": args.repeats,
                     "warmup": args.warmup, "threads": torch.get_num_threads(), "peak_tflops": peak,
                     "compile_mode": args.compile_mode if args.compile else None}
             with open(args.json, "w") as handle:

@@ -73,7 +73,7 @@ class Variant:
     runs: list[dict] = field(default_factory=list)
 
     def layer_types(self, depth: int) -> list[str]:
-        """``config.layer_types`` of this row's model of ``depth`` layers."""
+        """``config.layer_kinds`` of this row's model of ``depth`` layers."""
         return [self.layer_type if layer in self.layers else "sliding" for layer in range(depth)]
 
 

@@ -141,11 +141,11 @@ def main(argv: list[str] | None = None) -> dict:
 
     train, test = (split.map(encode, batched=True, remove_columns=["text"]) for split in (train, test))
     callbacks = [CentroidUpdateCallback(centroid_args.settings(), seed=training_args.seed)] \
-        if "cluster" in model.config.layer_types else []
+        if "cluster" in model.config.layer_kinds else []
     trainer = Trainer(model=model, args=training_args, train_dataset=train, processing_class=tokenizer,
                       data_collator=DataCollatorWithPadding(tokenizer), callbacks=callbacks)
     lengths = [len(ids) for ids in test["input_ids"]]
-    results = {"layer_types": ",".join(model.config.layer_types), "classes": titles, "train_excerpts": len(train),
+    results = {"layer_kinds": ",".join(model.config.layer_kinds), "classes": titles, "train_excerpts": len(train),
                "test_excerpts": len(test), "test_tokens_min": min(lengths), "test_tokens_max": max(lengths)}
     if training_args.do_train:
         started = time.perf_counter()

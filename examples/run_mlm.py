@@ -187,7 +187,7 @@ def load_model(model_args, data_args, train_documents: list[str], seed: int = 0)
 def fit_initial_centroids(model, blocks: datasets.Dataset, count: int, settings) -> int:
     """Fit the cluster layers' centroids on the states of the first ``count`` training blocks (train mode, no
     gradients); returns the number of blocks used (0 when the model has no cluster layer)."""
-    if count <= 0 or "cluster" not in model.config.layer_types:
+    if count <= 0 or "cluster" not in model.config.layer_kinds:
         return 0
     updater = CentroidUpdater(model, settings, min_states=0)
     was_training = model.training
@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         held_out = cut_blocks(eval_docs, tokenizer, length, shortest, data_args.max_eval_samples)
         held_out = mask_once(held_out, tokenizer, data_args.mlm_probability, data_args.eval_mask_seed)
 
-    metrics: dict[str, float] = {"layer_types": ",".join(model.config.layer_types)}
+    metrics: dict[str, float] = {"layer_kinds": ",".join(model.config.layer_kinds)}
     if train is not None:
         metrics["initial_centroid_blocks"] = fit_initial_centroids(
             model, train, data_args.initial_centroid_blocks, centroid_args.settings())
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         metrics.update({f"eval_{k}_before": v for k, v in evaluate_blocks(model, held_out).items()})
     if training_args.do_train:
         callbacks = [CentroidUpdateCallback(centroid_args.settings(), seed=training_args.seed)] \
-            if "cluster" in model.config.layer_types else []
+            if "cluster" in model.config.layer_kinds else []
         trainer = Trainer(model=model, args=training_args, train_dataset=train, processing_class=tokenizer,
                           data_collator=MlmCollator(tokenizer, data_args.mlm_probability), callbacks=callbacks)
         started = time.perf_counter()

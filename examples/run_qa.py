@@ -8,7 +8,7 @@ Examples:
     # from scratch on the generated long-range data
     python examples/run_qa.py --dataset longrange --output_dir out --do_train --do_eval \
         --num_hidden_layers 4 --cluster_layers 2 --num_clusters 32 --window_size 64 --window_stride 48
-    # its sliding-window baseline: ``--cluster_layers`` with no value (or ``--layer_types``, one type per layer)
+    # its sliding-window baseline: ``--cluster_layers`` with no value (or ``--layer_kinds``, one kind per layer)
     python examples/run_qa.py --dataset longrange --output_dir out-sliding --do_train --do_eval \
         --num_hidden_layers 4 --cluster_layers --window_size 64 --window_stride 48
 

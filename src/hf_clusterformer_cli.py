@@ -300,7 +300,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as error:
         raise CommandError(f"could not convert {args.source}: {error}") from error
     config = converted.config
-    print(f"wrote {converted.path} from a {converted.source_type} checkpoint (layers {config.layer_types}, "
+    print(f"wrote {converted.path} from a {converted.source_type} checkpoint (layers {config.layer_kinds}, "
           f"{config.num_clusters} clusters, windows {config.window_size}/{config.window_stride})")
     if converted.newly_initialized:
         print(f"newly initialised (train before use): {', '.join(converted.newly_initialized)}")

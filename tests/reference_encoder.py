@@ -162,7 +162,7 @@ def reference_forward(
     output = ReferenceOutput([], None, None, None)
     output.hidden_states.append(_token_means(example, states))
     routed = 0
-    for index, kind in enumerate(config.layer_types):
+    for index, kind in enumerate(config.layer_kinds):
         if kind == "sliding":
             states = _share_means(example, [_layer(model, index, window) for window in states])
         elif kind == "sparse":

@@ -13,7 +13,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from hf_clusterformer import ClusterFormerForQuestionAnswering
 from hf_clusterformer.callback import BANK_FILE, CentroidUpdateCallback
 
-CENTROIDS = "roberta.encoder.routers.2.centroids"
+CENTROIDS = "roberta.encoder.layer.2.router.centroids"
 
 
 

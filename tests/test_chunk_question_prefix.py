@@ -83,19 +83,20 @@ def _reference_prefixed_layer(encoder: ClusterFormerEncoder, index: int, states,
 def test_layer_matches_a_plain_reference():
     model = _model(num_clusters=4)
     encoder = model.encoder
-    index = model.config.cluster_layers[0]
+    index = model.config.global_layers[0]
     examples = _examples()
     ids, mask = pad_batch(examples)
     states = {}
-    original = encoder.routed_layer
+    layer = encoder.layer[index]
+    original = layer.forward_windows
 
-    def spy(i, s, layout, masks, length):
-        states["in"], states["layout"], states["length"] = s.clone(), layout, length
-        result = original(i, s, layout, masks, length)
+    def spy(s, masks, length):
+        states["in"], states["layout"], states["length"] = s.clone(), masks.layout, length
+        result = original(s, masks, length)
         states["out"] = result[0]
         return result
 
-    encoder.routed_layer = spy
+    layer.forward_windows = spy
     with torch.no_grad():
         model(input_ids=ids, attention_mask=mask)
         expected = _reference_prefixed_layer(encoder, index, states["in"], states["layout"], states["length"])

@@ -253,7 +253,7 @@ def test_convert_roberta_checkpoint(roberta_qa, workdir, capsys):
 
     converted = AutoModelForQuestionAnswering.from_pretrained(target)
     assert isinstance(converted, ClusterFormerForQuestionAnswering)
-    assert converted.config.layer_types == ["sliding", "cluster"]
+    assert converted.config.layer_kinds == ["sliding", "cluster"]
     assert (converted.config.window_size, converted.config.window_stride) == (32, 24)
     source = RobertaForQuestionAnswering.from_pretrained(roberta_qa).state_dict()
     weights = converted.state_dict()

@@ -394,7 +394,7 @@ def describe(case: Case, config: ClusterFormerConfig, output, references) -> Non
     event("overlap: " + ("none" if size == stride else "two-way" if size <= 2 * stride else "three-way or more"))
     windows = output.window_token_index.shape[1]
     event("windows: " + ("1" if windows == 1 else "2-3" if windows <= 3 else "4+"))
-    for kind in sorted(set(config.layer_types)):
+    for kind in sorted(set(config.layer_kinds)):
         event(f"has a {kind} layer")
     if any(len(ids) > stride for r in references for ids in r.ids):
         event("a routed layer ran several chunks")

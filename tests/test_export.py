@@ -104,7 +104,7 @@ def _as_qa(folder):
     from hf_clusterformer.pipeline import mark_untrained
 
     model, info = ClusterFormerForQuestionAnswering.from_pretrained(folder, output_loading_info=True)
-    mark_untrained(model, [key for key in info["missing_keys"] if ".routers." not in key])
+    mark_untrained(model, [key for key in info["missing_keys"] if ".router." not in key])
     return model
 
 

@@ -84,7 +84,7 @@ def test_heads_in_one_window_equal_robertas(task):
     config = tiny_config(cluster_layers=[], num_labels=3)
     torch.manual_seed(0)
     ours = ours_class(config).eval()
-    assert isinstance(ours, roberta_class)
+    assert not isinstance(ours, roberta_class)  # its own head class, with RoBERTa's parameter names (loaded strictly below)
     roberta = roberta_class(roberta_twin(config)).eval()
     roberta.load_state_dict(ours.state_dict())
     inputs = head_inputs(task, torch.Generator().manual_seed(7))
@@ -119,7 +119,7 @@ def test_heads_load_roberta_checkpoints_one_to_one(task, tmp_path):
     roberta.save_pretrained(tmp_path / "roberta")
     options = dict(window_size=16, window_stride=12, max_question_length=8, num_clusters=8)
     model, info = ours_class.from_pretrained(tmp_path / "roberta", cluster_layers=[2], output_loading_info=True, **options)
-    assert set(info["missing_keys"]) == {"roberta.encoder.routers.2.centroids", "roberta.encoder.routers.2.fitted"}
+    assert set(info["missing_keys"]) == {"roberta.encoder.layer.2.router.centroids", "roberta.encoder.layer.2.router.fitted"}
     assert not info["unexpected_keys"] and not info["mismatched_keys"]
     same = ours_class.from_pretrained(tmp_path / "roberta", cluster_layers=[], **options).eval()
     inputs = head_inputs(task, torch.Generator().manual_seed(9))
@@ -143,7 +143,9 @@ def test_auto_classes_and_saved_folders(task, tmp_path):
     loaded = auto_class.from_pretrained(tmp_path).eval()
     inputs = head_inputs(task, torch.Generator().manual_seed(10))
     with torch.no_grad():
-        assert torch.equal(loaded(**inputs).logits, model(**inputs).logits)
+        # equal up to the last bits: weights read from a file may sit differently in memory than freshly initialised
+        # ones, which can change the summation order of a kernel (seen for multiple choice's (B * C) rows)
+        torch.testing.assert_close(loaded(**inputs).logits, model(**inputs).logits, atol=1e-7, rtol=0)
 
 
 def test_multiple_choice_windows_the_context_with_question_and_option_as_prefix():
@@ -236,7 +238,7 @@ for entry in json.loads(sys.argv[1]):
     model = getattr(transformers, entry["auto"]).from_pretrained(entry["folder"], trust_remote_code=True).eval()
     with torch.no_grad():
         logits = model(input_ids=ref["input_ids"], attention_mask=ref["attention_mask"]).logits
-    results[entry["auto"]] = [type(model).__module__, type(model).__name__, torch.equal(logits, ref["logits"])]
+    results[entry["auto"]] = [type(model).__module__, type(model).__name__, bool(torch.allclose(logits, ref["logits"], atol=1e-7, rtol=0))]
 results["plugin_modules"] = sorted(m for m in sys.modules if m.startswith("hf_clusterformer"))
 print(json.dumps(results))
 """

@@ -59,7 +59,7 @@ def _encode(tokenizer, example: dict) -> dict:
 
 
 def _router_buffers(model) -> dict[str, torch.Tensor]:
-    return {name: buffer.clone() for name, buffer in model.named_buffers() if ".routers." in name}
+    return {name: buffer.clone() for name, buffer in model.named_buffers() if ".router." in name}
 
 
 # -- save / load ------------------------------------------------------------------------------------------------------
@@ -81,11 +81,11 @@ def test_save_and_load_give_identical_logits(kind, tokenizer, examples, tmp_path
 
     saved = load_file(tmp_path / "model.safetensors")
     expected_buffers = {"cluster": {"centroids", "fitted"}, "lsh": {"hash_vectors"}, "sparse": set()}[kind]
-    assert {k.rsplit(".", 1)[1] for k in saved if ".routers." in k} == expected_buffers
+    assert {k.rsplit(".", 1)[1] for k in saved if ".router." in k} == expected_buffers
 
     # A different seed would draw other initial centroids / hash vectors: the loaded ones must be the saved ones.
     loaded = ClusterFormerForQuestionAnswering.from_pretrained(tmp_path, centroid_seed=123).eval()
-    assert loaded.config.layer_types == ["sliding", "sliding", kind]
+    assert loaded.config.layer_kinds == ["sliding", "sliding", kind]
     for name, buffer in _router_buffers(model).items():
         assert torch.equal(dict(loaded.named_buffers())[name], buffer), name
     inputs = _encode(tokenizer, examples[0])
@@ -138,10 +138,10 @@ def test_trainer_with_centroid_callback_fits_cluster_routers_only(kinds, tokeniz
     for index, router in routers.items():
         if isinstance(router, ClusterRouter):
             assert bool(router.fitted) and callback.num_updates >= 1
-            assert not torch.equal(router.centroids, buffers[f"roberta.encoder.routers.{index}.centroids"])
+            assert not torch.equal(router.centroids, buffers[f"roberta.encoder.layer.{index}.router.centroids"])
             assert any(f"clusters/layer{index}/num_states" in entry for entry in trainer.state.log_history)
         else:  # LSH hash vectors are fixed: neither trained nor refitted
-            assert torch.equal(router.hash_vectors, buffers[f"roberta.encoder.routers.{index}.hash_vectors"])
+            assert torch.equal(router.hash_vectors, buffers[f"roberta.encoder.layer.{index}.router.hash_vectors"])
     if not cluster_layers:
         assert callback.num_updates == 0 and callback.history == []
 
@@ -164,7 +164,7 @@ def test_pipeline_answers(kind, tokenizer, examples, tmp_path):
         for answer in answers:
             assert answer["answer"] == example["context"][answer["start"] : answer["end"]]
             assert 0.0 <= answer["score"] <= 1.0
-    assert qa.model.config.layer_types[2] == kind
+    assert qa.model.config.layer_kinds[2] == kind
 
 
 # -- LSH buckets ------------------------------------------------------------------------------------------------------

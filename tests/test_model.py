@@ -255,7 +255,7 @@ def test_roberta_checkpoints_load_one_to_one(tmp_path):
         output_loading_info=True,
     )
     assert info["unexpected_keys"] == set() or not info["unexpected_keys"]
-    assert set(info["missing_keys"]) == {"roberta.encoder.routers.2.centroids", "roberta.encoder.routers.2.fitted"}
+    assert set(info["missing_keys"]) == {"roberta.encoder.layer.2.router.centroids", "roberta.encoder.layer.2.router.fitted"}
     assert torch.equal(model.qa_outputs.weight, roberta_qa.qa_outputs.weight)
     assert torch.equal(
         model.roberta.encoder.layer[1].attention.self.query.weight, roberta_qa.roberta.encoder.layer[1].attention.self.query.weight
@@ -268,7 +268,7 @@ def test_roberta_checkpoints_load_one_to_one(tmp_path):
     base, info = ClusterFormerModel.from_pretrained(tmp_path / "base", cluster_layers=[2], num_clusters=8, window_size=16,
                                                     window_stride=12, max_question_length=8, output_loading_info=True)
     assert not info["unexpected_keys"]
-    assert set(info["missing_keys"]) == {"encoder.routers.2.centroids", "encoder.routers.2.fitted"}
+    assert set(info["missing_keys"]) == {"encoder.layer.2.router.centroids", "encoder.layer.2.router.fitted"}
 
 
 def test_auto_classes_round_trip_with_fitted_centroids(tmp_path):
@@ -281,7 +281,7 @@ def test_auto_classes_round_trip_with_fitted_centroids(tmp_path):
     assert AutoConfig.from_pretrained(tmp_path).model_type == "clusterformer"
     loaded = AutoModelForQuestionAnswering.from_pretrained(tmp_path).eval()
     assert isinstance(loaded, ClusterFormerForQuestionAnswering)
-    assert loaded.config.cluster_layers == [1, 2, 3] and loaded.config.global_layer_type == ["cluster", "lsh", "sparse"]
+    assert loaded.config.layer_kinds == ["sliding", "cluster", "lsh", "sparse"]
     assert torch.equal(loaded.cluster_routers()[1].centroids, router.centroids)
     assert bool(loaded.cluster_routers()[1].fitted)
     assert torch.equal(loaded.roberta.encoder.routers["2"].hash_vectors, model.roberta.encoder.routers["2"].hash_vectors)
@@ -329,10 +329,10 @@ def test_explicit_question_lengths_match_separator_rule():
 
 
 def test_config_defaults_and_validation():
-    assert ClusterFormerConfig(num_hidden_layers=24).cluster_layers == [15, 20]
+    assert ClusterFormerConfig(num_hidden_layers=24).global_layers == [15, 20]
     assert default_cluster_layers(12) == [8, 10]
     assert default_cluster_layers(1) == []
-    assert ClusterFormerConfig(num_hidden_layers=24, cluster_layers=[3]).cluster_layers == [3]
+    assert ClusterFormerConfig(num_hidden_layers=24, cluster_layers=[3]).global_layers == [3]
     config = ClusterFormerConfig()
     assert (config.window_size, config.window_stride, config.num_clusters) == (256, 224, 64)
     for bad, field in [

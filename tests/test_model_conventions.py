@@ -4,6 +4,7 @@ chunking, padding on either side, ``layer_types``, the input contract and the ro
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -128,38 +129,74 @@ def test_left_padding_gives_the_right_padded_outputs():
         model(ids, attention_mask=holes)
 
 
-def test_layer_types_and_their_shortcuts_stay_in_sync(tmp_path):
+def test_layer_kinds_is_the_one_stored_list_and_the_shortcuts_are_constructor_arguments(tmp_path):
     config = ClusterFormerConfig(num_hidden_layers=4, cluster_layers=[3, 1], global_layer_type=["lsh", "cluster"])
-    assert config.layer_types == ["sliding", "lsh", "sliding", "cluster"]  # sorted layers, types in given order
+    assert config.layer_kinds == ["sliding", "lsh", "sliding", "cluster"]  # sorted layers, kinds in given order
+    assert not hasattr(config, "cluster_layers") and not hasattr(config, "global_layer_type")
     config = ClusterFormerConfig(num_hidden_layers=4, layer_types=["sliding", "sparse", "sliding", "sparse"])
-    assert (config.cluster_layers, config.global_layer_type, config.global_layers) == ([1, 3], "sparse", [1, 3])
-    config.cluster_layers = [2]
-    assert config.layer_types == ["sliding", "sliding", "sparse", "sliding"]
-    config.layer_types = ["sliding", "cluster", "lsh", "sparse"]
-    assert (config.cluster_layers, config.global_layer_type) == ([1, 2, 3], ["cluster", "lsh", "sparse"])
-    with pytest.raises(ValueError, match="disagrees with layer_types"):
-        ClusterFormerConfig(num_hidden_layers=3, cluster_layers=[1], layer_types=["sliding", "sliding", "lsh"])
-    with pytest.raises(ValueError, match="layer_types must be a list"):
-        ClusterFormerConfig(num_hidden_layers=2, layer_types=["sliding", "dense"])
+    assert (config.layer_kinds, config.global_layers) == (["sliding", "sparse", "sliding", "sparse"], [1, 3])
+    with pytest.raises(AttributeError, match="set config.layer_kinds"):
+        config.cluster_layers = [2]
+    config.layer_kinds = ["sliding", "cluster", "lsh", "sparse"]
+    assert config.global_layers == [1, 2, 3]
+    with pytest.raises(ValueError, match="disagree with layer_kinds"):
+        ClusterFormerConfig(num_hidden_layers=3, cluster_layers=[1], layer_kinds=["sliding", "sliding", "lsh"])
+    with pytest.raises(ValueError, match="layer_kinds must be a list"):
+        ClusterFormerConfig(num_hidden_layers=2, layer_kinds=["sliding", "dense"])
     with pytest.raises(ValueError, match="one per layer"):
-        ClusterFormerConfig(num_hidden_layers=3, layer_types=["sliding", "cluster"])
+        ClusterFormerConfig(num_hidden_layers=3, layer_kinds=["sliding", "cluster"])
 
-    # saved as the shortcuts (configs from before layer_types read the same), which transformers' generic config
-    # loading accepts; a saved layer_types loads too; from_pretrained overrides reach layer_types
+    # config.json holds the one list, not the shortcuts; transformers' generic config loading accepts it
     model = ClusterFormerForQuestionAnswering(tiny_config(**ALL_TYPES))
     model.save_pretrained(tmp_path)
     path = tmp_path / "config.json"
     saved = json.loads(path.read_text())
-    assert "layer_types" not in saved and saved["cluster_layers"] == [1, 2, 3]
-    assert saved["global_layer_type"] == ["cluster", "lsh", "sparse"]
+    assert saved["layer_kinds"] == ["sliding", "cluster", "lsh", "sparse"]
+    assert not {"layer_types", "cluster_layers", "global_layer_type"} & set(saved)
     PretrainedConfig.from_json_file(path)
     loaded = ClusterFormerForQuestionAnswering.from_pretrained(tmp_path)
-    assert loaded.config.layer_types == ["sliding", "cluster", "lsh", "sparse"]
-    path.write_text(json.dumps({**saved, "layer_types": ["sliding", "cluster", "lsh", "sparse"]}))
-    assert ClusterFormerConfig.from_pretrained(tmp_path).global_layer_type == ["cluster", "lsh", "sparse"]
+    assert loaded.config.layer_kinds == ["sliding", "cluster", "lsh", "sparse"]
+    # from_pretrained overrides go through the shortcuts; what they leave out keeps its stored value
     overridden = ClusterFormerForQuestionAnswering.from_pretrained(tmp_path, global_layer_type=["lsh", "lsh"], cluster_layers=[1, 3])
-    assert overridden.config.layer_types == ["sliding", "lsh", "sliding", "lsh"]
+    assert overridden.config.layer_kinds == ["sliding", "lsh", "sliding", "lsh"]
     assert sorted(overridden.roberta.encoder.routers) == ["1", "3"]
+    assert ClusterFormerConfig.from_pretrained(tmp_path, cluster_layers=[]).layer_kinds == ["sliding"] * 4
+
+
+def test_folders_saved_before_layer_kinds_load_with_the_same_outputs(tmp_path):
+    """A folder as the code before ``layer_kinds`` wrote it (the shortcuts in config.json, router buffers under
+    ``encoder.routers.{i}``), made here from a current one: it loads with the same kinds, buffers and logits."""
+    from safetensors.torch import load_file, save_file
+
+    torch.manual_seed(0)
+    model = ClusterFormerForQuestionAnswering(tiny_config(**ALL_TYPES)).eval()
+    router = model.cluster_routers()[1]
+    router.centroids.copy_(torch.nn.functional.normalize(torch.randn_like(router.centroids), dim=-1))
+    router.fitted.fill_(True)
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    kinds = config.pop("layer_kinds")
+    config["cluster_layers"] = [i for i, kind in enumerate(kinds) if kind != "sliding"]
+    config["global_layer_type"] = [kind for kind in kinds if kind != "sliding"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    weights = load_file(tmp_path / "model.safetensors")
+    old = {re.sub(r"encoder\.layer\.(\d+)\.router\.", r"encoder.routers.\1.", k): v for k, v in weights.items()}
+    assert any(".routers." in k for k in old)
+    save_file(old, tmp_path / "model.safetensors", metadata={"format": "pt"})
+
+    loaded = ClusterFormerForQuestionAnswering.from_pretrained(tmp_path).eval()
+    assert loaded.config.layer_kinds == kinds
+    assert torch.equal(loaded.cluster_routers()[1].centroids, router.centroids) and bool(loaded.cluster_routers()[1].fitted)
+    assert torch.equal(loaded.roberta.encoder.routers["2"].hash_vectors, model.roberta.encoder.routers["2"].hash_vectors)
+    ids = torch.tensor([random_example(torch.Generator().manual_seed(3), 4, 90)])
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).start_logits, model(ids).start_logits)
+    # saved again, it is written in today's layout; a plain torch state dict of the old layout loads too
+    loaded.save_pretrained(tmp_path / "again")
+    assert not any(".routers." in k for k in load_file(tmp_path / "again" / "model.safetensors"))
+    fresh = ClusterFormerForQuestionAnswering(tiny_config(**ALL_TYPES)).eval()
+    fresh.load_state_dict(old)
+    assert torch.equal(fresh.cluster_routers()[1].centroids, router.centroids)
 
 
 def test_question_prefix_from_separators_for_roberta_and_bert_templates():

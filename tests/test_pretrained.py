@@ -89,7 +89,7 @@ def test_converting_a_clusterformer_checkpoint_keeps_its_settings(tmp_path):
     first = convert_checkpoint(source, tmp_path / "cf", cluster_layers=[1], num_clusters=6, window_size=20,
                                window_stride=10, max_question_length=8)
     again = convert_checkpoint(first.path, tmp_path / "again")
-    keys = ("cluster_layers", "num_clusters", "window_size", "window_stride", "max_question_length")
+    keys = ("layer_kinds", "num_clusters", "window_size", "window_stride", "max_question_length")
     assert {k: getattr(again.config, k) for k in keys} == {k: getattr(first.config, k) for k in keys}
     override = convert_checkpoint(first.path, tmp_path / "override", num_clusters=2)
     assert override.config.num_clusters == 2 and override.config.window_size == 20

@@ -117,8 +117,8 @@ print(json.dumps({
 }))
 """
 
-CONFIG_FIELDS = ["cluster_layers", "num_clusters", "window_size", "window_stride", "max_question_length",
-                 "max_context_length", "use_answerability_head", "global_layer_type"]
+CONFIG_FIELDS = ["layer_kinds", "num_clusters", "window_size", "window_stride", "max_question_length",
+                 "max_context_length", "use_answerability_head"]
 
 
 
@@ -148,7 +148,7 @@ def checkpoint(tmp_path_factory, tokenizer):
     path = save_for_hub(model, tokenizer, root / "model", card_data={"model_id": "user/cf-full"})
     with torch.no_grad():
         out = model(**encoding)
-    buffers = {k: v for k, v in model.state_dict().items() if ".routers." in k}
+    buffers = {k: v for k, v in model.state_dict().items() if ".router." in k}
     save_file(
         {"input_ids": encoding["input_ids"], "attention_mask": encoding["attention_mask"],
          "start_logits": out.start_logits, "end_logits": out.end_logits, "answerable_logits": out.answerable_logits,
@@ -207,8 +207,8 @@ def test_checkpoint_is_self_contained(checkpoint):
 
     with safe_open(path / "model.safetensors", "pt") as weights:
         keys = set(weights.keys())
-    for index in model.config.cluster_layers:
-        assert {f"roberta.encoder.routers.{index}.centroids", f"roberta.encoder.routers.{index}.fitted"} <= keys
+    for index in model.config.global_layers:
+        assert {f"roberta.encoder.layer.{index}.router.centroids", f"roberta.encoder.layer.{index}.router.fitted"} <= keys
     saved = load_file(path / "model.safetensors")
     for key, value in model.state_dict().items():
         assert torch.equal(saved[key], value), key
@@ -294,7 +294,7 @@ def test_convert_sets_the_cluster_options_and_reports_new_heads(tmp_path, tokeni
     )
     assert converted.newly_initialized == ["qa_outputs.bias", "qa_outputs.weight"]
     config = AutoConfig.from_pretrained(converted.path)
-    assert (config.model_type, config.cluster_layers, config.num_clusters, config.window_size, config.window_stride) == (
+    assert (config.model_type, config.global_layers, config.num_clusters, config.window_size, config.window_stride) == (
         "clusterformer", [1], 4, 32, 24,
     )
     model = ClusterFormerForQuestionAnswering.from_pretrained(converted.path)

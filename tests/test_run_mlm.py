@@ -53,7 +53,7 @@ def test_run_mlm_on_squad_articles_end_to_end(tmp_path):
     proc = run_script(*TINY, "--output_dir", str(out), "--do_train", "--do_eval")
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((out / "all_results.json").read_text())
-    assert results["layer_types"] == "sliding,cluster" and results["train_steps"] == 4
+    assert results["layer_kinds"] == "sliding,cluster" and results["train_steps"] == 4
     assert results["train_blocks"] == 6 and results["eval_blocks"] == 2
     assert results["eval_masked_tokens"] == results["eval_masked_tokens_before"] > 0  # the same masks before and after
     assert 0 < results["eval_outside_fraction"] <= 1 and results["eval_loss"] != results["eval_loss_before"]
@@ -80,7 +80,7 @@ def test_run_mlm_on_text_files_continues_a_checkpoint(tmp_path):
                         *files, "--output_dir", str(tmp_path / "b"), "--do_train", "--do_eval")
     assert second.returncode == 0, second.stderr[-3000:]
     results = json.loads((tmp_path / "b" / "all_results.json").read_text())
-    assert results["eval_blocks"] >= 1 and results["layer_types"] == "sliding,cluster"
+    assert results["eval_blocks"] >= 1 and results["layer_kinds"] == "sliding,cluster"
 
     bad = run_script(*TINY, "--train_file", str(tmp_path / "missing.txt"), "--output_dir", str(tmp_path / "c"),
                      "--do_train")

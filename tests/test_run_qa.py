@@ -117,7 +117,7 @@ def test_script_checkpoint_reloads_with_fitted_centroids(script_run):
     assert type(model).__name__ == "ClusterFormerForQuestionAnswering"
     config = model.config
     assert (config.hidden_size, config.num_hidden_layers, config.window_size, config.window_stride) == (32, 3, 32, 24)
-    assert config.layer_types == ["sliding", "sliding", "cluster"]
+    assert config.layer_kinds == ["sliding", "sliding", "cluster"]
     router = model.cluster_routers()[2]
     assert bool(router.fitted), "CentroidUpdateCallback did not fit the centroids during training"
     assert torch.allclose(router.centroids.norm(dim=-1), torch.ones(8), atol=1e-5)
@@ -310,5 +310,5 @@ def test_model_flags_are_the_model_options():
     assert all(defaults[name] is None for name in model_options())
     model, *_ = qa_training.parse_args(["--cluster_layers", "--num_clusters", "8", "--output_dir", "out"])
     assert model.cluster_options() == {"cluster_layers": [], "num_clusters": 8}
-    model, *_ = qa_training.parse_args(["--layer_types", "sliding", "lsh", "--output_dir", "out"])
-    assert model.cluster_options() == {"layer_types": ["sliding", "lsh"]}
+    model, *_ = qa_training.parse_args(["--layer_kinds", "sliding", "lsh", "--output_dir", "out"])
+    assert model.cluster_options() == {"layer_kinds": ["sliding", "lsh"]}

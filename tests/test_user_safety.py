@@ -339,7 +339,7 @@ def test_evaluate_records_the_evaluated_model(work, capsys):
                  "--output_dir", str(out), "--report_to", "none", "--use_cpu"]) == 0
     recorded = json.loads((out / "all_results.json").read_text(encoding="utf-8"))["model"]
     assert recorded["hidden_size"] == 48 and recorded["num_attention_heads"] == 3
-    assert recorded["model_name_or_path"] == str(path) and recorded["layer_types"] == config.layer_types
+    assert recorded["model_name_or_path"] == str(path) and recorded["layer_kinds"] == config.layer_kinds
 
 
 def test_commands_are_quiet_unless_verbose(converted, work):

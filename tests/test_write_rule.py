@@ -395,9 +395,9 @@ def test_a_sparse_layer_takes_one_cluster():
     """Row: a sparse layer with ``num_clusters=1`` was refused as if it were an LSH layer."""
     config = ClusterFormerConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2, intermediate_size=64,
                                  cluster_layers=[1], global_layer_type="sparse", num_clusters=1)
-    assert config.layer_types == ["sliding", "sparse"]
-    config.global_layer_type = "lsh"
-    config.global_layer_type = "sparse"
+    assert config.layer_kinds == ["sliding", "sparse"]
+    config.layer_kinds = ["sliding", "lsh"]
+    config.layer_kinds = ["sliding", "sparse"]
     config.validate_architecture()
     with pytest.raises(ValueError, match="even for LSH layers"):
         ClusterFormerConfig(num_hidden_layers=2, cluster_layers=[1], global_layer_type="lsh", num_clusters=1)

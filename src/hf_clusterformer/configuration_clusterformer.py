@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import re
 from typing import Any, get_args
 
 from huggingface_hub.dataclasses import strict
@@ -18,8 +17,12 @@ SLIDING_LAYER_TYPE = "sliding"
 #: Types of the global layers, which attend across windows (paper §3.2, §4.3): K-Means "cluster" layers, LSH
 #: layers and sparse layers.
 GLOBAL_LAYER_TYPES = ("cluster", "lsh", "sparse")
-#: Every value `ClusterFormerConfig.layer_types` may hold.
+#: Every value `ClusterFormerConfig.layer_kinds` may hold.
 LAYER_TYPES = (SLIDING_LAYER_TYPE, *GLOBAL_LAYER_TYPES)
+#: The global kinds whose layer owns a router and sorts states into chunks by its ids.
+ROUTED_LAYER_TYPES = ("cluster", "lsh")
+#: Constructor arguments that spell ``layer_kinds`` (read once, never stored).
+LAYER_KIND_SHORTCUTS = ("cluster_layers", "global_layer_type", "layer_types")
 #: Special tokens around the question in the longest question prefix ``<s> Q </s></s>``; a BERT prefix
 #: ``[CLS] Q [SEP]`` has one fewer.
 QUESTION_PREFIX_SPECIAL_TOKENS = 3
@@ -48,6 +51,55 @@ def default_cluster_layers(num_hidden_layers: int) -> list[int]:
     return sorted(scaled)
 
 
+def layer_kinds_from_shortcuts(num_hidden_layers: int, cluster_layers: list[int], global_layer_type: str | list[str]
+                               ) -> list[str]:
+    """``layer_kinds`` spelled by the shortcuts: ``global_layer_type`` (one kind, or one per sorted index) at the
+    ``cluster_layers`` indices, ``"sliding"`` elsewhere. Raises `ValueError` naming the shortcut that does not fit."""
+    if not isinstance(cluster_layers, (list, tuple)) or not all(
+            isinstance(i, int) and not isinstance(i, bool) for i in cluster_layers):
+        raise ValueError(f"cluster_layers must be a list of layer indices, got {cluster_layers!r}.")
+    layers = sorted(set(cluster_layers))
+    for index in layers:
+        if not 0 <= index < num_hidden_layers:
+            valid = f"valid: 0..{num_hidden_layers - 1}" if num_hidden_layers > 0 else "the model has no layers"
+            raise ValueError(f"cluster_layers holds {index}, outside the {num_hidden_layers} encoder layers ({valid}).")
+    kinds = [global_layer_type] * len(layers) if isinstance(global_layer_type, str) else list(global_layer_type)
+    for kind in kinds:
+        if kind not in GLOBAL_LAYER_TYPES:
+            raise ValueError(f"global_layer_type {kind!r} is unknown; choose from {GLOBAL_LAYER_TYPES}.")
+    if len(kinds) != len(layers):
+        raise ValueError(f"global_layer_type lists {len(kinds)} kinds but cluster_layers has {len(layers)} entries; "
+                         "give one kind or one per cluster layer.")
+    result = [SLIDING_LAYER_TYPE] * num_hidden_layers
+    for index, kind in zip(layers, kinds):
+        result[index] = kind
+    return result
+
+
+def override_layer_kinds(stored: list[str], overrides: dict[str, Any], num_hidden_layers: int | None = None) -> list[str]:
+    """``stored`` layer kinds with ``overrides`` over them: ``layer_kinds`` / ``layer_types`` replace them; the
+    shortcuts ``cluster_layers`` / ``global_layer_type`` replace what they name and keep the rest (the stored global
+    indices, their kind); ``num_hidden_layers`` (default ``len(stored)``) keeps the stored global layers that fit."""
+    kinds = overrides.get("layer_kinds", overrides.get("layer_types"))
+    if kinds is not None:
+        return list(kinds)
+    depth = len(stored) if num_hidden_layers is None else num_hidden_layers
+    indices = [i for i, kind in enumerate(stored) if kind != SLIDING_LAYER_TYPE and i < depth]
+    layers = overrides.get("cluster_layers", indices)
+    if layers is None:
+        layers = default_cluster_layers(depth)
+    stored_kinds = sorted({stored[i] for i in indices})
+    if "global_layer_type" in overrides and overrides["global_layer_type"] is not None:
+        kind = overrides["global_layer_type"]
+    elif len(stored_kinds) == 1:
+        kind = stored_kinds[0]
+    elif stored_kinds and list(layers) == indices:
+        kind = [stored[i] for i in indices]
+    else:
+        kind = "cluster"
+    return layer_kinds_from_shortcuts(depth, list(layers), kind)
+
+
 def suggested_num_clusters(context_tokens: int, window_stride: int, minimum: int = 16) -> int:
     """Clusters per cluster layer for contexts of about ``context_tokens`` tokens.
 
@@ -71,69 +123,86 @@ def required_position_embeddings(max_question_length: int, window_size: int, pad
     return first_position + max_question_length + QUESTION_PREFIX_SPECIAL_TOKENS + window_size
 
 
+def _option(default: Any, help: str) -> Any:
+    """A config field with its help text (the row `model_options` reads)."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
 @strict
 class ClusterFormerConfig(RobertaConfig):
     r"""RoBERTa configuration with Cluster-Former's window and cluster options.
 
-    Every RoBERTa checkpoint's config loads into it; the new fields are:
+    Every RoBERTa checkpoint's config loads into it. The fields it adds are below, each with its help text (read by
+    `model_options`, the one table of model options behind ``clusterformer convert``, run_qa's flags and
+    `hf_clusterformer.hub.convert_checkpoint`). ``layer_kinds`` is the one stored list of layer kinds (not named
+    ``layer_types``, which transformers checks against its own attention kinds).
 
-    window_size (`int`, defaults to 256): tokens of context per sliding window (the paper's ``l``).
-    window_stride (`int`, defaults to 224): step between windows (``m``), ``0 < m <= l``; also the
-        chunk length of the global layers that sort into chunks.
-    layer_types (`list[str]`, *optional*): the type of every encoder layer: ``"sliding"`` (attention
-        within each window) or a global layer type: ``"cluster"`` (K-Means centroids), ``"lsh"``
-        (random hyperplane buckets, Reformer-style) or ``"sparse"`` (attention across windows at equal
-        in-window position). Defaults to ``"cluster"`` at [`default_cluster_layers`] of the depth (``[15, 20]``
-        for 24 layers), ``"sliding"`` elsewhere.
-    cluster_layers (`list[int]`, *optional*): constructor shortcut for ``layer_types``: 0-based indices of the
-        global layers; all others are sliding; ``[]`` gives a plain sliding-window model. Kept in sync with
-        ``layer_types`` and saved in its place (see `to_dict`).
-    global_layer_type (`str` or `list[str]`, defaults to ``"cluster"``): constructor shortcut for
-        ``layer_types``: the type of each of ``cluster_layers``, one for all or one per entry. Kept in sync
-        with ``layer_types`` and saved in its place.
-    num_clusters (`int`, defaults to 64): centroids per cluster layer (buckets per LSH layer).
-    max_question_length (`int`, defaults to 64): question tokens allowed, without special tokens.
-    max_context_length (`int`, defaults to 131072): context tokens allowed in one forward pass.
-    centroid_seed (`int`, defaults to 0): seed of the random initial centroids / hash vectors.
-    use_answerability_head (`bool`, defaults to `False`): add a has-answer classifier on the pooled
-        window ``<s>`` states (paper §4.2) to [`ClusterFormerForQuestionAnswering`].
-    pair_token_types (`bool`, defaults to `False`): without ``token_type_ids``, give the context token type 1
-        and the question prefix type 0, as BERT's pair template does (set for BERT-family checkpoints).
-    chunk_question_prefix (`bool`, defaults to `False`): beyond the paper: prefix every chunk of a cluster/LSH
-        layer with its example's question prefix ``<s> Q </s></s>`` (the mean of its window copies), as sliding
-        windows are, and route only context tokens. ``False`` is the paper's layer (question copies routed like
-        context tokens).
+    Constructor shortcuts for ``layer_kinds`` (read once, never stored; configs saved with them still load, and
+    ``from_pretrained`` takes them as overrides): ``cluster_layers`` (0-based indices of the global layers, all others
+    sliding; ``[]`` gives a plain sliding-window model; default [`default_cluster_layers`] of the depth, ``[15, 20]``
+    for 24 layers) with ``global_layer_type`` (one kind for all of them or one per index, default ``"cluster"``), or
+    ``layer_types`` (the list under its former name).
     """
 
     model_type = "clusterformer"
 
-    window_size: int = 256
-    window_stride: int = 224
-    cluster_layers: list[int] | None = None
-    global_layer_type: str | list[str] = "cluster"
-    num_clusters: int = 64
-    max_question_length: int = 64
-    max_context_length: int = 131072
-    centroid_seed: int = 0
-    use_answerability_head: bool = False
-    pair_token_types: bool = False
-    chunk_question_prefix: bool = False
-    layer_types: list[str] | None = None  # after the shortcuts: assigning it rewrites them (see __setattr__)
+    window_size: int = _option(256, "tokens of context per sliding window (the paper's l)")
+    window_stride: int = _option(224, "step between windows (m), 0 < m <= l; also the chunk length of the global "
+                                      "layers that sort into chunks")
+    layer_kinds: list[str] | None = _option(
+        None, "the kind of every encoder layer: sliding (attention within each window), cluster (K-Means centroids), "
+              "lsh (random hyperplane buckets) or sparse (attention across windows at equal in-window position); "
+              "default: cluster at the paper's layers scaled to the depth, sliding elsewhere")
+    num_clusters: int = _option(64, "centroids per cluster layer (buckets per LSH layer)")
+    max_question_length: int = _option(64, "question tokens allowed, without special tokens")
+    max_context_length: int = _option(131072, "context tokens allowed in one forward pass")
+    centroid_seed: int = _option(0, "seed of the random initial centroids / hash vectors")
+    use_answerability_head: bool = _option(False, "add a has-answer classifier on the pooled window <s> states "
+                                                  "(paper 4.2) to the QA head")
+    pair_token_types: bool = _option(False, "without token_type_ids, give the context token type 1 and the question "
+                                            "prefix type 0, as BERT's pair template does (BERT-family checkpoints)")
+    chunk_question_prefix: bool = _option(False, "beyond the paper: prefix every chunk of a cluster/LSH layer with its "
+                                                 "example's question prefix and route only context tokens")
 
     def __post_init__(self, **kwargs):
-        if self.layer_types is None:
-            if self.cluster_layers is None:
-                self.__dict__["cluster_layers"] = default_cluster_layers(self.num_hidden_layers)
-            self.__dict__["layer_types"] = self._layer_types_from_shortcuts()
-        else:
-            given = self.cluster_layers
-            self._shortcuts_from_layer_types()
-            if given is not None and sorted(set(given)) != self.cluster_layers:
-                raise ValueError(
-                    f"cluster_layers {given} disagrees with layer_types {self.layer_types}; give only one of them."
-                )
+        shortcuts = {name: kwargs.pop(name) for name in LAYER_KIND_SHORTCUTS if name in kwargs}
+        if shortcuts.get("layer_types") is not None:
+            if self.layer_kinds is not None and list(self.layer_kinds) != list(shortcuts["layer_types"]):
+                raise ValueError(f"layer_types {shortcuts['layer_types']} disagrees with layer_kinds {self.layer_kinds}; "
+                                 "give only layer_kinds.")
+            self.layer_kinds = list(shortcuts["layer_types"])
+        cluster_layers = shortcuts.get("cluster_layers")
+        kind = shortcuts.get("global_layer_type")
+        if self.layer_kinds is None:
+            if cluster_layers is None:
+                cluster_layers = default_cluster_layers(self.num_hidden_layers)
+            self.layer_kinds = layer_kinds_from_shortcuts(self.num_hidden_layers, cluster_layers, kind or "cluster")
+        elif cluster_layers is not None or kind is not None:
+            indices = self.global_layers if cluster_layers is None else cluster_layers
+            given = layer_kinds_from_shortcuts(len(self.layer_kinds), indices,
+                                               kind or [self.layer_kinds[i] for i in self.global_layers])
+            if given != list(self.layer_kinds):
+                raise ValueError(f"cluster_layers {cluster_layers} / global_layer_type {kind!r} disagree with "
+                                 f"layer_kinds {self.layer_kinds}; give only one of them.")
         self._validate_cluster_options()
         super().__post_init__(**kwargs)
+
+    def __setattr__(self, key, value):
+        if key in LAYER_KIND_SHORTCUTS and key != "layer_types":
+            raise AttributeError(f"{key} is a constructor shortcut, not a stored field; set config.layer_kinds "
+                                 "(one kind per layer) instead.")
+        super().__setattr__(key, value)
+
+    @classmethod
+    def from_dict(cls, config_dict: dict, **kwargs):
+        """`PreTrainedConfig.from_dict`; ``from_pretrained(..., cluster_layers=..., global_layer_type=...)`` overrides
+        the stored kinds through the constructor shortcuts (what an override leaves out keeps its stored value)."""
+        overrides = {name: kwargs.pop(name) for name in (*LAYER_KIND_SHORTCUTS, "layer_kinds") if name in kwargs}
+        if overrides:
+            stored = cls(**config_dict).layer_kinds
+            config_dict = {k: v for k, v in config_dict.items() if k not in LAYER_KIND_SHORTCUTS}
+            config_dict["layer_kinds"] = override_layer_kinds(stored, overrides)
+        return super().from_dict(config_dict, **kwargs)
 
     @classmethod
     def get_config_dict(cls, *args, **kwargs):
@@ -162,59 +231,10 @@ class ClusterFormerConfig(RobertaConfig):
             config_dict = {**config_dict, "model_type": cls.model_type}
         return config_dict, kwargs
 
-    def __setattr__(self, key, value):
-        # Assigning layer_types or one of its shortcuts (e.g. from_pretrained(..., cluster_layers=[2])) keeps
-        # the other side in sync once the config exists. Shortcuts that do not fit together yet (one type per
-        # layer, for another number of layers) leave layer_types as it is until they do; validation names them.
-        syncing = key in ("layer_types", "cluster_layers", "global_layer_type") and self.__dict__.get("layer_types") is not None
-        super().__setattr__(key, value)
-        if not syncing:
-            return
-        if key == "layer_types":
-            self._shortcuts_from_layer_types()
-        elif self._shortcuts_fit():
-            self.__dict__["layer_types"] = self._layer_types_from_shortcuts()
-
-    def _shortcuts_fit(self) -> bool:
-        """``global_layer_type`` gives one type, or one per entry of ``cluster_layers``."""
-        return isinstance(self.global_layer_type, str) or len(self.global_layer_type) == len(self.cluster_layers or [])
-
-    def _layer_types_from_shortcuts(self) -> list[str]:
-        """``layer_types`` spelled by ``cluster_layers`` and ``global_layer_type``."""
-        if not all(isinstance(i, int) and not isinstance(i, bool) for i in self.cluster_layers):
-            raise ValueError(f"cluster_layers must be a list of layer indices, got {self.cluster_layers!r}.")
-        self.__dict__["cluster_layers"] = layers = sorted(set(self.cluster_layers))
-        types = self.global_layer_type
-        types = [types] * len(layers) if isinstance(types, str) else list(types)
-        result = [SLIDING_LAYER_TYPE] * self.num_hidden_layers
-        for index, layer_type in zip(layers, types):
-            if 0 <= index < self.num_hidden_layers:  # out-of-range indices are reported by validation
-                result[index] = layer_type
-        return result
-
-    def _shortcuts_from_layer_types(self) -> None:
-        """Rewrite ``cluster_layers`` and ``global_layer_type`` from ``layer_types``."""
-        if not isinstance(self.layer_types, (list, tuple)) or any(t not in LAYER_TYPES for t in self.layer_types):
-            raise ValueError(f"layer_types must be a list of {LAYER_TYPES}, got {self.layer_types!r}.")
-        self.__dict__["layer_types"] = list(self.layer_types)
-        global_layers = [i for i, t in enumerate(self.layer_types) if t != SLIDING_LAYER_TYPE]
-        types = [self.layer_types[i] for i in global_layers]
-        self.__dict__["cluster_layers"] = global_layers
-        if types:
-            self.__dict__["global_layer_type"] = types[0] if len(set(types)) == 1 else types
-
-    def to_dict(self) -> dict:
-        """The config as a dict; ``layer_types`` is saved as its shortcuts ``cluster_layers`` and
-        ``global_layer_type``, which spell every list of types. transformers checks a saved ``layer_types``
-        against its own attention types when it reads a config generically (e.g. ``Trainer`` resuming)."""
-        output = super().to_dict()
-        output.pop("layer_types", None)
-        return output
-
     @property
     def global_layers(self) -> list[int]:
         """0-based indices of the global (cluster, LSH or sparse) layers."""
-        return [i for i, layer_type in enumerate(self.layer_types) if layer_type != SLIDING_LAYER_TYPE]
+        return [i for i, kind in enumerate(self.layer_kinds) if kind != SLIDING_LAYER_TYPE]
 
     @property
     def separator_token_id(self) -> int:
@@ -246,13 +266,13 @@ class ClusterFormerConfig(RobertaConfig):
             )
 
     def validate_layer_type(self):
-        """``layer_types`` holds one of `LAYER_TYPES` per encoder layer (replaces transformers' check of its own
-        attention types)."""
-        if not isinstance(self.layer_types, list) or any(t not in LAYER_TYPES for t in self.layer_types):
-            raise ValueError(f"layer_types must be a list of {LAYER_TYPES}, got {self.layer_types!r}.")
-        if len(self.layer_types) != self.num_hidden_layers:
+        """``layer_kinds`` holds one of `LAYER_TYPES` per encoder layer (transformers' own ``layer_types`` check has
+        nothing to check here)."""
+        if not isinstance(self.layer_kinds, list) or any(t not in LAYER_TYPES for t in self.layer_kinds):
+            raise ValueError(f"layer_kinds must be a list of {LAYER_TYPES}, got {self.layer_kinds!r}.")
+        if len(self.layer_kinds) != self.num_hidden_layers:
             raise ValueError(
-                f"layer_types lists {len(self.layer_types)} types for {self.num_hidden_layers} encoder layers; "
+                f"layer_kinds lists {len(self.layer_kinds)} kinds for {self.num_hidden_layers} encoder layers; "
                 "give one per layer."
             )
 
@@ -273,30 +293,10 @@ class ClusterFormerConfig(RobertaConfig):
                 f"window_stride must satisfy 0 < window_stride <= window_size ({self.window_size}), "
                 f"got {self.window_stride}."
             )
-        for index in self.cluster_layers or []:
-            if not 0 <= index < self.num_hidden_layers:
-                raise ValueError(
-                    f"cluster_layers holds {index}, outside the {self.num_hidden_layers} encoder layers "
-                    f"(valid: 0..{self.num_hidden_layers - 1})."
-                )
-        types = [self.global_layer_type] if isinstance(self.global_layer_type, str) else self.global_layer_type
-        for layer_type in types:
-            if layer_type not in GLOBAL_LAYER_TYPES:
-                raise ValueError(f"global_layer_type {layer_type!r} is unknown; choose from {GLOBAL_LAYER_TYPES}.")
         self.validate_layer_type()
-        if not self._shortcuts_fit():
-            raise ValueError(
-                f"global_layer_type lists {len(types)} types but cluster_layers has "
-                f"{len(self.cluster_layers or [])} entries; give one type or one per cluster layer."
-            )
-        if self.layer_types != self._layer_types_from_shortcuts():
-            raise ValueError(
-                f"layer_types {self.layer_types} disagrees with cluster_layers {self.cluster_layers} and "
-                f"global_layer_type {self.global_layer_type!r}; set layer_types alone."
-            )
         if self.num_clusters < 1:
             raise ValueError(f"num_clusters must be at least 1, got {self.num_clusters}.")
-        if "lsh" in self.layer_types and self.num_clusters % 2:
+        if "lsh" in self.layer_kinds and self.num_clusters % 2:
             raise ValueError(f"num_clusters must be even for LSH layers (buckets = ±projections), got {self.num_clusters}.")
         if self.max_question_length < 1:
             raise ValueError(f"max_question_length must be at least 1, got {self.max_question_length}.")
@@ -337,48 +337,39 @@ class ModelOption:
     choices: tuple[str, ...] | None = None
 
 
-#: Values allowed for the options that name layer types.
-_OPTION_CHOICES = {"layer_types": LAYER_TYPES, "global_layer_type": GLOBAL_LAYER_TYPES}
-
-
-def _docstring_fields(doc: str) -> dict[str, str]:
-    """``name: description`` of every ``name (`type`, ...): description`` entry of a config docstring, as plain text."""
-    entries: dict[str, list[str]] = {}
-    name = None
-    for line in doc.splitlines():
-        entry = re.match(r"^    (\w+) \(.*?\): (.*)$", line)
-        if entry:
-            name = entry.group(1)
-            entries[name] = [entry.group(2)]
-        elif name is not None and line.startswith("        "):
-            entries[name].append(line.strip())
-        else:
-            name = None
-    plain = {}
-    for name, lines in entries.items():
-        text = re.sub(r"\[`(\w+)`\]", r"\1", " ".join(lines))
-        plain[name] = text.replace("``", "").replace("`", "")
-    return plain
+#: The constructor shortcuts of ``layer_kinds`` as options (flags that spell it by indices and one kind).
+_SHORTCUT_OPTIONS = (
+    ("cluster_layers", list[int] | None, None, int, True, None,
+     "0-based indices of the global layers, all others sliding (none: a sliding-window model); shortcut for "
+     "layer_kinds, default the paper's layers scaled to the depth"),
+    ("global_layer_type", str | list[str], "cluster", str, False, GLOBAL_LAYER_TYPES,
+     "the kind of each of cluster_layers, one for all or one per entry; shortcut for layer_kinds"),
+)
 
 
 def model_options() -> dict[str, ModelOption]:
-    """Cluster-Former's own options (the fields `ClusterFormerConfig` adds to RoBERTa's) by name, in declaration order:
-    type and default from the dataclass fields, help from the class docstring.
+    """Cluster-Former's own options by name: the fields `ClusterFormerConfig` adds to RoBERTa's (type, default and help
+    from the field), with the ``layer_kinds`` shortcuts after ``window_stride``.
 
     The one table of model options: `hf_clusterformer.hub.convert_checkpoint`, ``clusterformer convert``, run_qa's
     model flags and the benchmarks read their names, types, defaults and help from it.
     """
-    helps = _docstring_fields(ClusterFormerConfig.__doc__ or "")
-    defaults = {f.name: f.default for f in dataclasses.fields(ClusterFormerConfig)}
-    table = {}
-    for name, annotation in inspect.get_annotations(ClusterFormerConfig, eval_str=True).items():
-        alternatives = [t for t in (get_args(annotation) or (annotation,)) if t is not type(None)]
+    annotations = inspect.get_annotations(ClusterFormerConfig, eval_str=True)
+    table: dict[str, ModelOption] = {}
+    for field in dataclasses.fields(ClusterFormerConfig):
+        if field.name not in annotations or "help" not in field.metadata:
+            continue
+        alternatives = [t for t in (get_args(annotations[field.name]) or (annotations[field.name],)) if t is not type(None)]
         scalars = [t for t in alternatives if not get_args(t)]
         lists = [get_args(t)[0] for t in alternatives if get_args(t)]
-        table[name] = ModelOption(
-            name=name, type=annotation, default=defaults[name], help=helps[name], item_type=(scalars or lists)[0],
-            many=not scalars, choices=_OPTION_CHOICES.get(name),
+        table[field.name] = ModelOption(
+            name=field.name, type=annotations[field.name], default=field.default, help=field.metadata["help"],
+            item_type=(scalars or lists)[0], many=not scalars,
+            choices=LAYER_TYPES if field.name == "layer_kinds" else None,
         )
+        if field.name == "window_stride":
+            for name, annotation, default, item_type, many, choices, help in _SHORTCUT_OPTIONS:
+                table[name] = ModelOption(name, annotation, default, help, item_type, many, choices)
     return table
 
 
@@ -389,6 +380,10 @@ __all__ = [
     "model_options",
     "GLOBAL_LAYER_TYPES",
     "LAYER_TYPES",
+    "LAYER_KIND_SHORTCUTS",
+    "ROUTED_LAYER_TYPES",
+    "layer_kinds_from_shortcuts",
+    "override_layer_kinds",
     "PAIR_SPECIAL_TOKENS",
     "QUESTION_PREFIX_SPECIAL_TOKENS",
     "SLIDING_LAYER_TYPE",

@@ -7,10 +7,10 @@
 token-classification and masked-LM heads: ``logits``; the base model: ``last_hidden_state``, ``pooler_output``).
 
 The model's per-batch sizes (window count, prefix width, routed chunks) depend on the data, which eager code reads
-back once per forward. While exporting, `ClusterFormerModel` takes them instead as upper bounds from the input length
-(`hf_clusterformer.modeling_clusterformer.export_sizes`), the windows and chunks past a batch's own being empty, and
-sorts routed states by the unique key id * L + position (ONNX has no stable sort): outputs equal eager ones at every
-length, while eager code is unchanged. The centroids are buffers, so they are part of the exported weights. The
+back once per forward. The exported head (`ExportedHead`) passes them instead as upper bounds from the input length
+(`hf_clusterformer.modeling_clusterformer.BatchSizes.for_export`), the windows and chunks past a batch's own being
+empty, and routed states sort by the unique key id * L + position (ONNX has no stable sort): outputs equal eager ones
+at every length, while eager code is unchanged. The centroids are buffers, so they are part of the exported weights. The
 exported program does not check its inputs (question and context limits, token ids): pass what the tokenizer gives.
 """
 
@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from .modeling_clusterformer import (
+    BatchSizes,
     ClusterFormerForMaskedLM,
     ClusterFormerForMultipleChoice,
     ClusterFormerForQuestionAnswering,
@@ -69,7 +70,10 @@ class ExportedHead(nn.Module):
         self.names = output_names(model)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, return_dict=True)
+        """(B, T) ids and mask -> the head's outputs, laid out with the bounds of `BatchSizes.for_export` (nothing
+        read back, so the program has no data-dependent sizes)."""
+        sizes = BatchSizes.for_export(self.model.config, input_ids.shape[1])
+        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, batch_sizes=sizes, return_dict=True)
         return tuple(outputs[name] for name in self.names)
 
 
@@ -134,7 +138,7 @@ def load_for_export(path: str | os.PathLike) -> ClusterFormerPreTrainedModel:
         model, info = EXPORT_CLASSES[names[0]].from_pretrained(path, output_loading_info=True)
     except (OSError, ValueError) as error:
         raise ExportError(f"could not load the weights of {path}: {error}") from error
-    new = [key for key in info["missing_keys"] if ".routers." not in key]
+    new = [key for key in info["missing_keys"] if ".router." not in key]
     mark_untrained(model, sorted(set(new) | set(untrained_weights(model))))
     return model.eval()
 

@@ -33,7 +33,7 @@ import torch
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.dynamic_module_utils import get_imports
 
-from .configuration_clusterformer import ClusterFormerConfig, model_options
+from .configuration_clusterformer import LAYER_KIND_SHORTCUTS, ROUTED_LAYER_TYPES, ClusterFormerConfig, model_options, override_layer_kinds
 from .modeling_clusterformer import (
     ClusterFormerForMaskedLM,
     ClusterFormerForMultipleChoice,
@@ -487,7 +487,7 @@ def _size(count: float) -> str:
 def check_centroid_memory(config: ClusterFormerConfig, option: str = "num_clusters") -> None:
     """Raise `ValueError` when the centroids (or LSH projections) of ``config`` would take more than a quarter of
     this machine's memory, naming ``option`` and the largest value that fits (instead of running out of memory)."""
-    routed = sum(layer_type in ("cluster", "lsh") for layer_type in config.layer_types)
+    routed = sum(kind in ROUTED_LAYER_TYPES for kind in config.layer_kinds)
     if not routed:
         return
     per_cluster = config.hidden_size * 4 * routed  # float32 rows, one table per cluster/LSH layer
@@ -623,7 +623,7 @@ def convert_checkpoint(
             ``token-classification`` or ``multiple-choice``; a source's own head of that kind loads 1:1 (RoBERTa's by
             name, BERT's mapped by `_BERT_HEADS`: ``cls.predictions`` to ``lm_head``).
         options: the Cluster-Former options (`hf_clusterformer.configuration_clusterformer.model_options`:
-            ``layer_types``, ``cluster_layers``, ``num_clusters``, ``window_size``, ...); one left out or ``None``
+            ``layer_kinds``, ``cluster_layers``, ``num_clusters``, ``window_size``, ...); one left out or ``None``
             keeps a Cluster-Former source's own value, else the config default (``cluster_layers``: the paper's
             placement scaled to the depth).
 
@@ -702,11 +702,15 @@ def _plain_values(source: PretrainedConfig) -> dict[str, Any]:
 
 
 def _merged_config(values: Mapping[str, Any], options: Mapping[str, Any]) -> ClusterFormerConfig:
-    """A source's config values with the given model options over them (``layer_types`` replaces a source's
-    shortcuts of its layer types)."""
-    if "layer_types" in options:
-        values = {k: v for k, v in values.items() if k not in ("cluster_layers", "global_layer_type")}
-    return ClusterFormerConfig(**{**values, **options})
+    """A source's config values with the given model options over them; a Cluster-Former source's ``layer_kinds``
+    take the options' layer-kind shortcuts over them (`override_layer_kinds`)."""
+    kind_options = {k: v for k, v in options.items() if k in (*LAYER_KIND_SHORTCUTS, "layer_kinds")}
+    options = {k: v for k, v in options.items() if k not in kind_options}
+    if values.get("layer_kinds") is not None:
+        depth = options.get("num_hidden_layers", values.get("num_hidden_layers"))
+        values = {**values, "layer_kinds": override_layer_kinds(values["layer_kinds"], kind_options, depth)}
+        kind_options = {}
+    return ClusterFormerConfig(**{**values, **options, **kind_options})
 
 
 def _converted_model(src, source, tokenizer, options, hub_kwargs, task: str = "qa") -> tuple[PreTrainedModel, list[str]]:
@@ -727,11 +731,11 @@ def _converted_model(src, source, tokenizer, options, hub_kwargs, task: str = "q
             src, config=config, output_loading_info=True, ignore_mismatched_sizes=True, **hub_kwargs
         )
         mismatched = [key for key, *_ in info["mismatched_keys"]]
-        stray = [key for key in mismatched if ".routers." not in key]
+        stray = [key for key in mismatched if ".router." not in key]
         if stray:
             raise ValueError(f"{src} has tensors of other shapes than its config: {', '.join(stray)}.")
         for index, router in model.cluster_routers().items():
-            if any(key.startswith(f"roberta.encoder.routers.{index}.") for key in mismatched):
+            if any(key.startswith(f"roberta.encoder.layer.{index}.router.") for key in mismatched):
                 router.centroids.copy_(router.initial_centroids())
                 router.fitted.fill_(False)
         missing = info["missing_keys"]
@@ -740,7 +744,7 @@ def _converted_model(src, source, tokenizer, options, hub_kwargs, task: str = "q
         missing = model.load_state_dict(state, strict=False).missing_keys
         tied = {target for target, _ in getattr(model, "all_tied_weights_keys", {}).items()}
         missing = [key for key in missing if key not in tied]  # the MLM decoder: the word embeddings
-    routers = {f"roberta.encoder.routers.{i}." for i in config.global_layers}
+    routers = {f"roberta.encoder.layer.{i}.router." for i in config.global_layers}
     return model, sorted(k for k in missing if not any(k.startswith(r) for r in routers))
 
 
@@ -775,7 +779,7 @@ def load_qa_model(
             model, info = ClusterFormerForQuestionAnswering.from_pretrained(
                 path, output_loading_info=True, **hub_kwargs, **options
             )
-            new = [key for key in info["missing_keys"] if ".routers." not in key]
+            new = [key for key in info["missing_keys"] if ".router." not in key]
     mark_untrained(model, sorted(set(new) | set(untrained_weights(model))))
     return model
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .configuration_clusterformer import ROUTED_LAYER_TYPES
 from .modeling_clusterformer import ClusterFormerPreTrainedModel, locate_question_prefix
 
 
@@ -169,10 +170,10 @@ def inspect_clusters(
         layer: encoder layer index of a cluster/LSH layer (default: the first one).
     """
     config = model.config
-    routed_layers = [i for i, layer_type in enumerate(config.layer_types) if layer_type in ("cluster", "lsh")]
+    routed_layers = [i for i, kind in enumerate(config.layer_kinds) if kind in ROUTED_LAYER_TYPES]
     if not routed_layers:
         raise ValueError(
-            f"This model has no cluster or LSH layers to inspect (layer_types {config.layer_types}); give a model "
+            f"This model has no cluster or LSH layers to inspect (layer_kinds {config.layer_kinds}); give a model "
             "with a cluster layer."
         )
     if layer is None:

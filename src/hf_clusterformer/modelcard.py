@@ -183,9 +183,10 @@ def checkpoint_centroids_fitted(path: str | os.PathLike) -> dict[int, bool] | No
     for file in files:
         with safe_open(str(file), framework="pt") as weights:
             for key in weights.keys():
-                match = re.search(r"encoder\.routers\.(\d+)\.fitted$", key)
+                # encoder.layer.{i}.router.fitted, or encoder.routers.{i}.fitted in checkpoints from before
+                match = re.search(r"encoder\.(?:layer\.(\d+)\.router|routers\.(\d+))\.fitted$", key)
                 if match:
-                    fitted[int(match[1])] = bool(weights.get_tensor(key).all())
+                    fitted[int(match[1] or match[2])] = bool(weights.get_tensor(key).all())
     return fitted if files else None
 
 
@@ -283,7 +284,7 @@ def make_model_card(
         name=name,
         description=(description or "").strip(),
         config=config,
-        kinds=config.layer_types,
+        kinds=config.layer_kinds,
         settings=_settings_rows(config, centroids_fitted),
         centroid_fitting=(centroid_fitting or "").strip(),
         results=_result_rows(results),
@@ -333,7 +334,7 @@ def _eval_results(results: list[dict[str, Any]]) -> list[EvalResult]:
 
 def _settings_rows(config: ClusterFormerConfig, centroids_fitted: Mapping[int, bool] | None) -> list[tuple[str, str]]:
     """The card's configuration table: (setting, value) rows."""
-    kinds = config.layer_types
+    kinds = config.layer_kinds
     untrained = (getattr(config, "untrained_weights", None) or {}).get("names")
     return [
         ("Encoder layers", f"{config.num_hidden_layers} (hidden size {config.hidden_size}, "

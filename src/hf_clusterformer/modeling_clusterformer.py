@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss
+from torch.nn import CrossEntropyLoss
 from transformers import initialization as init
 from transformers.modeling_outputs import (
     MaskedLMOutput,
@@ -48,20 +48,18 @@ from transformers.models.roberta.modeling_roberta import (
     RobertaClassificationHead,
     RobertaEmbeddings,
     RobertaForMaskedLM,
-    RobertaForMultipleChoice,
-    RobertaForSequenceClassification,
-    RobertaForTokenClassification,
     RobertaLayer,
     RobertaLMHead,
     RobertaPooler,
     RobertaPreTrainedModel,
 )
-from transformers.utils import logging
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs, can_return_tuple, logging
 
 try:  # package import
-    from .configuration_clusterformer import QUESTION_PREFIX_SPECIAL_TOKENS, ClusterFormerConfig
+    from .configuration_clusterformer import QUESTION_PREFIX_SPECIAL_TOKENS, ROUTED_LAYER_TYPES, ClusterFormerConfig
 except ImportError:  # Hub copy loaded with trust_remote_code
-    from configuration_clusterformer import QUESTION_PREFIX_SPECIAL_TOKENS, ClusterFormerConfig
+    from configuration_clusterformer import QUESTION_PREFIX_SPECIAL_TOKENS, ROUTED_LAYER_TYPES, ClusterFormerConfig
 
 logger = logging.get_logger(__name__)
 
@@ -119,6 +117,28 @@ def export_sizes(config: ClusterFormerConfig, length) -> tuple:
     prefix_width = config.max_question_length + QUESTION_PREFIX_SPECIAL_TOKENS
     num_windows = (length + 3 * stride - 2) // stride
     return num_windows, prefix_width, num_windows * -(-(prefix_width + size) // stride)
+
+
+@dataclass(frozen=True)
+class BatchSizes:
+    """The sizes a forward pass lays its batch out with: K windows, the prefix width S - l and C routed chunks per
+    example.
+
+    Eager forwards fill them from the batch (`count_windows`, `count_routed_chunks`). With ``bounds`` they are upper
+    bounds for any batch of the input's length (`export_sizes`, what `torch.export` traces): then nothing is read
+    back or checked, every routed chunk runs and routed slots sort by the unique key id * L + position (ONNX has no
+    stable sort); the windows and chunks past a batch's own are empty, so outputs are the same.
+    """
+
+    num_windows: int
+    prefix_width: int
+    routed_chunks: int
+    bounds: bool = False
+
+    @classmethod
+    def for_export(cls, config: ClusterFormerConfig, length) -> BatchSizes:
+        """Upper bounds for an input of ``length`` tokens (an int or a symbolic size): see `export_sizes`."""
+        return cls(*export_sizes(config, length), bounds=True)
 
 
 @dataclass
@@ -369,7 +389,8 @@ def merge_overlaps_(window_states: torch.Tensor, overlap: tuple[torch.Tensor, to
 
 
 def sort_into_chunks(
-    states: torch.Tensor, ids: torch.Tensor, chunk_size: int, sentinel: int, num_chunks: int | None = None
+    states: torch.Tensor, ids: torch.Tensor, chunk_size: int, sentinel: int, num_chunks: int | None = None,
+    bounded: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Stably sort states by (id, position) and cut them into uniform chunks (paper eq. 6-7).
 
@@ -380,6 +401,8 @@ def sort_into_chunks(
         sentinel: id of slots that take no part.
         num_chunks: C, the leading chunks to keep (enough for every row's non-sentinel slots); default all,
             ``ceil(L / m)``. Chunks after them hold only sentinel slots.
+        bounded: ``num_chunks`` is a bound with C m >= L (`BatchSizes.bounds`): keep C chunks as they are and sort
+            the unique keys id * L + position (the same order; ONNX has no stable sort).
 
     Returns:
         chunks: (B * C, m, d);
@@ -391,7 +414,7 @@ def sort_into_chunks(
     they are invalid, so attention never lets them reach a valid slot, and `unsort_from_chunks` drops them.
     """
     batch, length, hidden = states.shape
-    if torch.compiler.is_exporting() and num_chunks is not None:  # `export_sizes`: C m >= L, both multiples of K
+    if bounded:  # `export_sizes`: C m >= L, both multiples of K
         total_chunks = num_chunks
     else:
         total_chunks = max(1, -(-length // chunk_size))  # integer ceil: exportable sizes
@@ -399,7 +422,7 @@ def sort_into_chunks(
     padded = total_chunks * chunk_size
     if padded > length:
         ids = F.pad(ids, (0, padded - length), value=sentinel)
-    if torch.compiler.is_exporting():  # ONNX has no stable sort: sort the unique keys id * L + position instead
+    if bounded:  # ONNX has no stable sort: sort the unique keys id * L + position instead
         keys = ids * ids.shape[1] + torch.arange(ids.shape[1], device=ids.device)
         order = torch.sort(keys, dim=1).indices[:, : num_chunks * chunk_size]
     else:
@@ -415,17 +438,17 @@ def sort_into_chunks(
 
 
 def unsort_from_chunks(
-    chunks: torch.Tensor, order: torch.Tensor, length: int, fill: torch.Tensor | None = None
+    chunks: torch.Tensor, order: torch.Tensor, length: int, fill: torch.Tensor | None = None, bounded: bool = False,
 ) -> torch.Tensor:
     """Invert `sort_into_chunks` by scattering (eq. 8): (B * C, m, d) -> (B, L, d).
 
     ``fill`` (B, L, d) gives the slots that no kept chunk holds; needed when `sort_into_chunks` kept fewer
-    than all chunks.
+    than all chunks. ``bounded``: as `sort_into_chunks` was given (every chunk kept, C m >= L).
     """
     batch, kept = order.shape
     hidden = chunks.shape[-1]
     flat = chunks.reshape(batch, kept, hidden)
-    if torch.compiler.is_exporting() and kept >= length:  # `export_sizes`: every chunk kept, C m >= L
+    if bounded and kept >= length:  # `export_sizes`: every chunk kept, C m >= L
         padded = kept
     else:
         padded = max(kept, -(-length // max(1, chunks.shape[1])) * chunks.shape[1])
@@ -621,11 +644,12 @@ class LayerMasks:
         window_size: l (the prefix is the first ``S - l`` slots of a window).
         routed_chunks: chunks per example of the routed layers when the caller knows it (`count_routed_chunks`);
             default: counted from the layout, which reads a number back from the device.
+        bounded: ``routed_chunks`` is an export bound (`BatchSizes.bounds`), given to `sort_into_chunks`.
     """
 
     def __init__(
         self, layout: WindowLayout, dtype: torch.dtype, implementation: str | None, chunk_size: int,
-        question_prefix: bool = False, window_size: int = 0, routed_chunks: int | None = None,
+        question_prefix: bool = False, window_size: int = 0, routed_chunks: int | None = None, bounded: bool = False,
     ):
         self.window_size = window_size
         self.layout = layout
@@ -633,6 +657,7 @@ class LayerMasks:
         self.implementation = implementation
         self.chunk_size = chunk_size
         self.question_prefix = question_prefix
+        self.bounded = bounded
         self._cache: dict[str, torch.Tensor | int] = {}
         if routed_chunks is not None:
             self._cache["routed_chunks"] = routed_chunks
@@ -716,60 +741,46 @@ class ClusterFormerEncoderOutput(ModelOutput):
     cluster_assignments: tuple[torch.Tensor, ...] | None = None
 
 
-class ClusterFormerEncoder(nn.Module):
-    """RoBERTa's layer stack (``layer.{i}``) plus one router per cluster/LSH layer (``routers.{i}``).
+class SlidingWindowLayer(ClusterFormerLayer):
+    """A sliding-window layer: attention within every window, then every context token the mean of its copies
+    (paper eq. 1-3)."""
 
-    `forward` runs every layer by its entry of ``config.layer_types``: `sliding_layer`, `sparse_layer` or
-    `routed_layer` (cluster and LSH layers differ only in their router).
-    """
-
-    #: The method that runs each layer type.
-    STEPS = {"sliding": "sliding_layer", "sparse": "sparse_layer", "cluster": "routed_layer", "lsh": "routed_layer"}
-
-    def __init__(self, config: ClusterFormerConfig):
-        super().__init__()
-        self.config = config
-        self.layer = nn.ModuleList([ClusterFormerLayer(config, layer_idx=i) for i in range(config.num_hidden_layers)])
-        self.layer_types = list(config.layer_types)
-        routers = {}
-        for index, layer_type in enumerate(self.layer_types):
-            if layer_type == "cluster":
-                routers[str(index)] = ClusterRouter(config, index)
-            elif layer_type == "lsh":
-                routers[str(index)] = LSHRouter(config, index)
-        self.routers = nn.ModuleDict(routers)
-        self._router_keys = [str(index) for index in range(len(self.layer_types))]  # no str() in traced forwards
-
-    def sliding_layer(
-        self, index: int, states: torch.Tensor, layout: WindowLayout, masks: LayerMasks, length: int
+    def forward_windows(
+        self, states: torch.Tensor, masks: LayerMasks, length: int
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """Attention within every window, then every context token the mean of its copies (eq. 1-3).
-
-        (B, K, S, d) -> ((B, K, S, d), weights (B * K, h, S, S) or None, None).
-        """
+        """(B, K, S, d) -> ((B, K, S, d), weights (B * K, h, S, S) or None, None)."""
         batch, windows, slots, hidden = states.shape
-        out, weights = self.layer[index](states.view(-1, slots, hidden), masks.window)
+        out, weights = self(states.view(-1, slots, hidden), masks.window)
         return masks.share(out.view_as(states), False, length), weights, None
 
-    def sparse_layer(
-        self, index: int, states: torch.Tensor, layout: WindowLayout, masks: LayerMasks, length: int
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """Attention across windows over the states at the same in-window slot (the paper's Sparse Attention).
 
-        (B, K, S, d) -> ((B, K, S, d), weights (B * S, h, K, K) or None, None).
-        """
+class SparseLayer(ClusterFormerLayer):
+    """Attention across windows over the states at the same in-window slot (the paper's Sparse Attention)."""
+
+    def forward_windows(
+        self, states: torch.Tensor, masks: LayerMasks, length: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(B, K, S, d) -> ((B, K, S, d), weights (B * S, h, K, K) or None, None)."""
         batch, windows, slots, hidden = states.shape
         across = states.transpose(1, 2).reshape(-1, windows, hidden)  # (B*S, K, d)
-        out, weights = self.layer[index](across, masks.across)
+        out, weights = self(across, masks.across)
         out = out.view(batch, slots, windows, hidden).transpose(1, 2).contiguous()
         return masks.share(out, False, length), weights, None
 
-    def routed_layer(
-        self, index: int, states: torch.Tensor, layout: WindowLayout, masks: LayerMasks, length: int
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        """Route the representative slots to ids, sort them into chunks of m, attend within chunks, put back (eq. 4-8).
 
-        Only chunks holding a representative slot run; the other slots keep their input states and take no part
+class RoutedLayer(ClusterFormerLayer):
+    """A cluster or LSH layer (paper eq. 4-8): its ``router`` (`ClusterRouter` or `LSHRouter`, by the layer's kind)
+    gives each representative slot an id; slots are sorted by (id, position) into chunks of m, attend within chunks and
+    are put back."""
+
+    def __init__(self, config: ClusterFormerConfig, layer_idx: int):
+        super().__init__(config, layer_idx=layer_idx)
+        self.router = ROUTER_CLASSES[config.layer_kinds[layer_idx]](config, layer_idx)
+
+    def forward_windows(
+        self, states: torch.Tensor, masks: LayerMasks, length: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """Only chunks holding a representative slot run; the other slots keep their input states and take no part
         (repeated context copies take their owner's state, padding stays padding).
 
         (B, K, S, d) -> ((B, K, S, d), weights (B * C, h, m, m) or None, ids (B, L) with -1 for slots that took
@@ -777,27 +788,27 @@ class ClusterFormerEncoder(nn.Module):
         """
         batch, _, _, hidden = states.shape
         flat = states.reshape(batch, -1, hidden)
-        router = self.routers[self._router_keys[index]]
-        ids = router(flat, masks.representative)
-        chunks, chunk_valid, order = sort_into_chunks(flat, ids, masks.chunk_size, router.num_clusters, masks.routed_chunks)
+        ids = self.router(flat, masks.representative)
+        chunks, chunk_valid, order = sort_into_chunks(flat, ids, masks.chunk_size, self.router.num_clusters,
+                                                      masks.routed_chunks, masks.bounded)
         if masks.question_prefix:
-            return self.prefixed_routed_layer(index, states, layout, masks, length, chunks, chunk_valid, order, ids)
-        out, weights = self.layer[index](chunks, masks.chunk(chunk_valid))
-        flat_out = unsort_from_chunks(out, order, flat.shape[1], fill=flat).view_as(states)
-        states = masks.share(flat_out, True, length)
-        return states, weights, ids.masked_fill(~masks.representative, -1)
+            states, weights = self._attend_with_question_prefix(states, masks, chunks, chunk_valid, order)
+        else:
+            out, weights = self(chunks, masks.chunk(chunk_valid))
+            states = unsort_from_chunks(out, order, flat.shape[1], fill=flat, bounded=masks.bounded).view_as(states)
+        return masks.share(states, True, length), weights, ids.masked_fill(~masks.representative, -1)
 
-    def prefixed_routed_layer(
-        self, index: int, states: torch.Tensor, layout: WindowLayout, masks: LayerMasks, length: int,
-        chunks: torch.Tensor, chunk_valid: torch.Tensor, order: torch.Tensor, ids: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        """`routed_layer` with ``chunk_question_prefix``: every chunk is ``[question prefix; m sorted context states]``.
+    def _attend_with_question_prefix(
+        self, states: torch.Tensor, masks: LayerMasks, chunks: torch.Tensor, chunk_valid: torch.Tensor,
+        order: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """With ``chunk_question_prefix``: every chunk is ``[question prefix; m sorted context states]``.
 
         The prefix is the mean of the example's window copies of its question prefix; afterwards every window's
         copy takes the mean of the prefix outputs of the example's chunks that hold context (not empty ones).
 
-        chunks (B * C, m, d), chunk_valid (B * C, m), order (B, C * m) as `sort_into_chunks` gives them ->
-        ((B, K, S, d), weights (B * C, h, P + m, P + m) or None, ids (B, L)).
+        states (B, K, S, d); chunks (B * C, m, d), chunk_valid (B * C, m), order (B, C * m) as `sort_into_chunks`
+        gives them -> (unshared states (B, K, S, d), weights (B * C, h, P + m, P + m) or None).
         """
         batch, _, _, hidden = states.shape
         prefix_valid = masks.prefix_slots  # (B, K, P)
@@ -807,17 +818,52 @@ class ClusterFormerEncoder(nn.Module):
         num_chunks = chunks.shape[0] // batch
         prefix_mask = prefix_valid.any(1).repeat_interleave(num_chunks, dim=0)  # (B * C, P)
         joined = torch.cat([prefix.repeat_interleave(num_chunks, dim=0), chunks], dim=1)  # (B * C, P + m, d)
-        out, weights = self.layer[index](joined, masks.chunk(torch.cat([prefix_mask, chunk_valid], dim=1)))
+        out, weights = self(joined, masks.chunk(torch.cat([prefix_mask, chunk_valid], dim=1)))
         flat = states.reshape(batch, -1, hidden)
-        flat_out = unsort_from_chunks(out[:, width:], order, flat.shape[1], fill=flat).view_as(states)
+        flat_out = unsort_from_chunks(out[:, width:], order, flat.shape[1], fill=flat, bounded=masks.bounded).view_as(states)
         has_context = chunk_valid.any(1).view(batch, num_chunks, 1, 1).to(out.dtype)  # (B, C, 1, 1)
         prefix_out = (out[:, :width].view(batch, num_chunks, width, hidden) * has_context).sum(1)
         prefix_out = prefix_out / has_context.sum(1).clamp(min=1)  # (B, P, d)
         question = F.pad(prefix_valid, (0, states.shape[2] - width)).unsqueeze(-1)  # (B, K, S, 1)
         padded_prefix = F.pad(prefix_out, (0, 0, 0, states.shape[2] - width)).unsqueeze(1)  # (B, 1, S, d)
-        flat_out = torch.where(question, padded_prefix.to(flat_out.dtype), flat_out)
-        states = masks.share(flat_out, True, length)
-        return states, weights, ids.masked_fill(~masks.representative, -1)
+        return torch.where(question, padded_prefix.to(flat_out.dtype), flat_out), weights
+
+
+#: The router of each routed layer kind.
+ROUTER_CLASSES = {"cluster": ClusterRouter, "lsh": LSHRouter}
+#: The module class of each layer kind (`ClusterFormerConfig.layer_kinds`), chosen when the model is built.
+LAYER_CLASSES = {"sliding": SlidingWindowLayer, "sparse": SparseLayer, "cluster": RoutedLayer, "lsh": RoutedLayer}
+
+
+def _rename_legacy_router_keys(module: nn.Module, state_dict: dict, prefix: str, *args) -> None:
+    """``load_state_dict`` of a state dict from before routers lived in their layers: ``routers.{i}.*`` becomes
+    ``layer.{i}.router.*`` (`LEGACY_KEY_MAPPING` does the same for ``from_pretrained``)."""
+    legacy = prefix + "routers."
+    for key in [k for k in state_dict if k.startswith(legacy)]:
+        index, rest = key[len(legacy):].split(".", 1)
+        state_dict[f"{prefix}layer.{index}.router.{rest}"] = state_dict.pop(key)
+
+
+class ClusterFormerEncoder(nn.Module):
+    """RoBERTa's layer stack (``layer.{i}``, the same parameter names), each layer of its kind's class
+    (`LAYER_CLASSES`); a routed layer owns its router (``layer.{i}.router``).
+
+    Every layer's ``forward`` is RoBERTa's layer (what gradient checkpointing recomputes); its ``forward_windows``
+    runs it over the windows the way its kind does (routing stays outside the recomputed part).
+    """
+
+    def __init__(self, config: ClusterFormerConfig):
+        super().__init__()
+        self.config = config
+        self.layer = nn.ModuleList(
+            [LAYER_CLASSES[kind](config, layer_idx=i) for i, kind in enumerate(config.layer_kinds)]
+        )
+        self.register_load_state_dict_pre_hook(_rename_legacy_router_keys)
+
+    @property
+    def routers(self) -> dict[str, nn.Module]:
+        """The routers of the routed layers by layer index (as a string)."""
+        return {str(i): layer.router for i, layer in enumerate(self.layer) if isinstance(layer, RoutedLayer)}
 
     def forward(
         self,
@@ -828,6 +874,7 @@ class ClusterFormerEncoder(nn.Module):
         output_attentions: bool = False,
         output_cluster_assignments: bool = False,
         routed_chunks: int | None = None,
+        bounded: bool = False,
     ) -> ClusterFormerEncoderOutput:
         """Run the layers over embedded windows.
 
@@ -838,17 +885,18 @@ class ClusterFormerEncoder(nn.Module):
             output_hidden_states / output_attentions / output_cluster_assignments: extra outputs.
             routed_chunks: chunks per example of the routed layers (`count_routed_chunks`); default: counted from
                 the layout, which reads a number back from the device.
+            bounded: ``routed_chunks`` is an export bound (`BatchSizes.bounds`).
 
         Returns:
             `ClusterFormerEncoderOutput` with (B, K, S, d) ``last_hidden_state``.
         """
         masks = LayerMasks(layout, states.dtype, self.config._attn_implementation, self.config.window_stride,
-                           self.config.chunk_question_prefix, self.config.window_size, routed_chunks)
+                           self.config.chunk_question_prefix, self.config.window_size, routed_chunks, bounded)
         all_hidden = (windows_to_tokens(states, layout, layout.valid, length),) if output_hidden_states else None
         all_attentions = () if output_attentions else None
         assignments = () if output_cluster_assignments else None
-        for index, layer_type in enumerate(self.layer_types):
-            states, weights, ids = getattr(self, self.STEPS[layer_type])(index, states, layout, masks, length)
+        for layer in self.layer:
+            states, weights, ids = layer.forward_windows(states, masks, length)
             if output_hidden_states:
                 all_hidden = all_hidden + (windows_to_tokens(states, layout, layout.valid, length),)
             if output_attentions:
@@ -884,6 +932,27 @@ class ClusterFormerModelOutput(ModelOutput):
     window_token_index: torch.Tensor | None = None
 
 
+class ClusterFormerKwargs(TransformersKwargs, total=False):
+    """Keyword arguments of every Cluster-Former forward, beside its inputs and labels.
+
+    question_lengths: (B,) length of each row's question prefix ``<s> Q </s></s>`` in tokens; by default it ends at
+        the first separator and the separator right after it.
+    input_format: one of `INPUT_FORMATS`: ``"pair"``, ``"single"`` or ``"auto"`` (default: the class's
+        ``input_format``; ``"auto"``: rows of ``tokenizer(text)`` are single texts, of ``tokenizer(text, pair)`` pairs).
+    output_cluster_assignments: return the routed layers' ids per slot and every slot's token index.
+    batch_sizes: the layout's sizes (`BatchSizes`); default: the batch's own (export passes its bounds).
+    """
+
+    question_lengths: torch.Tensor | list[int] | None
+    input_format: str | None
+    output_cluster_assignments: bool
+    batch_sizes: BatchSizes | None
+
+
+#: Checkpoint key renames applied on load: router buffers saved beside the layer stack now live in their layer.
+LEGACY_KEY_MAPPING = {r"encoder\.routers\.(\d+)\.": r"encoder.layer.\1.router."}
+
+
 class ClusterFormerPreTrainedModel(RobertaPreTrainedModel):
     """Weight initialisation and loading shared by the Cluster-Former models.
 
@@ -896,14 +965,14 @@ class ClusterFormerPreTrainedModel(RobertaPreTrainedModel):
     _supports_flash_attn = False
     _supports_flex_attn = False
     _supports_attention_backend = False
-    _keep_in_fp32_modules_strict = ["routers"]
+    _keep_in_fp32_modules_strict = ["router"]
     # Hidden states are token-aligned means over window copies, which no module returns: they are built in
     # ClusterFormerEncoder.forward, not recorded by transformers' output-capture hooks.
     _can_record_outputs = None
 
     def __init__(self, config: ClusterFormerConfig, *inputs, **kwargs):
         super().__init__(config, *inputs, **kwargs)
-        if not any(layer_type in ("cluster", "lsh") for layer_type in config.layer_types):
+        if not any(kind in ROUTED_LAYER_TYPES for kind in config.layer_kinds):
             self._keep_in_fp32_modules_strict = []  # no routers to keep
 
     def _init_weights(self, module):
@@ -918,9 +987,12 @@ class ClusterFormerPreTrainedModel(RobertaPreTrainedModel):
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
-        """`PreTrainedModel.from_pretrained`, with a clear error when saved centroids do not fit the config."""
+        """`PreTrainedModel.from_pretrained`, with a clear error when saved centroids do not fit the config; router
+        buffers saved under ``encoder.routers.{i}`` (checkpoints from before routers lived in their layers) load into
+        ``encoder.layer.{i}.router``."""
+        kwargs["key_mapping"] = {**LEGACY_KEY_MAPPING, **(kwargs.get("key_mapping") or {})}
         try:
-            return super().from_pretrained(*args, **kwargs)
+            model = super().from_pretrained(*args, **kwargs)
         except RuntimeError as error:
             if "ignore_mismatched_sizes" not in str(error):
                 raise
@@ -929,6 +1001,12 @@ class ClusterFormerPreTrainedModel(RobertaPreTrainedModel):
                 "num_clusters or hidden_size differ from the checkpoint's. Load without overriding them, or pass "
                 "ignore_mismatched_sizes=True to re-initialise the mismatched centroids (then fit them again)."
             ) from error
+        # transformers saves a model with the reverse of the renames it was loaded with: the legacy one is load-only
+        conversions = getattr(model, "_weight_conversions", None)
+        if conversions:
+            kept = [c for c in conversions if not set(getattr(c, "source_patterns", None) or ()) & set(LEGACY_KEY_MAPPING)]
+            model._weight_conversions = kept or None
+        return model
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         """`PreTrainedModel.save_pretrained` (the Trainer's checkpoints included), writing a folder complete for what
@@ -956,13 +1034,20 @@ class ClusterFormerPreTrainedModel(RobertaPreTrainedModel):
                 if name.endswith(".safetensors"):
                     os.chmod(os.path.join(save_directory, name), 0o666 & ~umask)
 
+    def _encode(
+        self, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None, token_type_ids: torch.Tensor | None,
+        inputs_embeds: torch.Tensor | None, kwargs: dict,
+    ) -> ClusterFormerModelOutput:
+        """A head's pass through ``self.roberta`` with the head's default ``input_format``: (B, T) inputs ->
+        `ClusterFormerModelOutput`."""
+        kwargs["input_format"] = kwargs.get("input_format") or self.input_format
+        return self.roberta(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                            inputs_embeds=inputs_embeds, return_dict=True, **kwargs)
+
     def cluster_routers(self) -> dict[int, ClusterRouter]:
         """The K-Means routers of this model by encoder layer index (what centroid updates write to)."""
-        return {
-            int(index): router
-            for index, router in self.base_model.encoder.routers.items()
-            if isinstance(router, ClusterRouter)
-        }
+        return {index: layer.router for index, layer in enumerate(self.base_model.encoder.layer)
+                if isinstance(getattr(layer, "router", None), ClusterRouter)}
 
 
 class ClusterFormerModel(ClusterFormerPreTrainedModel):
@@ -972,7 +1057,7 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
     Parameter names match `RobertaModel`, so RoBERTa checkpoints load 1:1 (centroids come from initialisation).
     """
 
-    _no_split_modules = ["RobertaEmbeddings", "ClusterFormerLayer"]
+    _no_split_modules = ["RobertaEmbeddings", "SlidingWindowLayer", "SparseLayer", "RoutedLayer"]
     #: How rows are read when forward gets no ``input_format`` (see `INPUT_FORMATS`).
     input_format = "auto"
 
@@ -1002,6 +1087,7 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
         attention_mask: torch.Tensor | None,
         question_lengths: torch.Tensor | list[int] | None,
         input_format: str = "pair",
+        read_back: bool = True,
     ) -> tuple[list[int] | None, list[int] | None, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Validate the batch and locate every example in it.
 
@@ -1010,11 +1096,12 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
             attention_mask: optional (B, T); one block of ones per row (right or left padding).
             question_lengths: optional (B,) question prefix lengths (then every row is a pair).
             input_format: one of `INPUT_FORMATS`; single-text rows (`single_text_rows`) get the prefix ``<s>``.
+            read_back: read the lengths back and check the rows; without it (export bounds, `BatchSizes.bounds`) the
+                ints are None and nothing is checked.
 
         Returns:
             Per example, as Python ints: prefix lengths and real lengths (prefix + context); and as (B,) tensors:
             prefix lengths, real lengths, the index of the first real token (long) and which rows are one text (bool).
-            While exporting (`torch.compiler.is_exporting`) the ints are None: nothing is read back or checked.
         """
         config = self.config
         self._check_inputs(input_ids, inputs_embeds)
@@ -1053,7 +1140,7 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
                 raise ValueError(f"question_lengths has {prefix.shape[0]} entries for a batch of {batch}.")
             question, found = prefix - QUESTION_PREFIX_SPECIAL_TOKENS, torch.ones_like(one_block)
             single = torch.zeros_like(one_block)
-        if torch.compiler.is_exporting():  # no read-back (nor checks) while exporting: sizes from the shape
+        if not read_back:  # export bounds: sizes from the shape, nothing read back (nor checked)
             return None, None, prefix, lengths, starts, single
         last = (starts + lengths - 1).clamp(min=0).unsqueeze(1)
         context = lengths - prefix - torch.gather(is_sep, 1, last).squeeze(1).long()  # without the closing separator
@@ -1117,20 +1204,15 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
 
     # -- forward ------------------------------------------------------------------------------------------------
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
-        question_lengths: torch.Tensor | list[int] | None = None,
-        output_hidden_states: bool | None = None,
-        output_attentions: bool | None = None,
-        output_cluster_assignments: bool = False,
-        return_dict: bool | None = None,
         inputs_embeds: torch.Tensor | None = None,
-        input_format: str | None = None,
-        **kwargs,
-    ) -> ClusterFormerModelOutput | tuple:
+        **kwargs: Unpack[ClusterFormerKwargs],
+    ) -> ClusterFormerModelOutput:
         r"""
         Args:
             input_ids: (B, T) pair encodings ``<s> Q </s></s> C </s>`` (or ``[CLS] Q [SEP] C [SEP]``), or single texts
@@ -1138,78 +1220,87 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
             attention_mask: (B, T) 1 for real tokens, 0 for padding.
             token_type_ids: optional (B, T); by default 0, or with ``config.pair_token_types`` 0 for the question
                 prefix and 1 for the context (BERT's pair template).
-            question_lengths: optional (B,) length of the question prefix ``<s> Q </s></s>`` in tokens. By default it
-                ends at the first separator and the separator right after it.
-            output_hidden_states / output_attentions / output_cluster_assignments: extra outputs.
             inputs_embeds: (B, T, d) word embeddings instead of ``input_ids``; positions restart in every window as
                 for ids. Separators are found where a row equals the separator's embedding, or pass
                 ``question_lengths``.
-            input_format: one of `INPUT_FORMATS`: ``"pair"``, ``"single"`` or ``"auto"`` (default: the class's
-                ``input_format``, ``"auto"`` here: rows of ``tokenizer(text)`` are single texts, rows of
-                ``tokenizer(text, text_pair)`` pairs).
+            kwargs: `ClusterFormerKwargs` (``question_lengths``, ``input_format``, the extra outputs, ``batch_sizes``).
 
         Returns:
             `ClusterFormerModelOutput`.
         """
         config = self.config
-        self._check_extra_arguments(kwargs)
-        output_hidden_states = config.output_hidden_states if output_hidden_states is None else output_hidden_states
-        output_attentions = config.output_attentions if output_attentions is None else output_attentions
-        return_dict = config.return_dict if return_dict is None else return_dict
-        if output_attentions and config._attn_implementation != "eager":
-            logger.warning_once(
-                f"The {config._attn_implementation} attention implementation returns no attention weights, so "
-                "`attentions` holds None for every layer; load the model with attn_implementation='eager' for them."
-            )
-
-        prefixes, totals, prefix, lengths, starts, single = self._locate_inputs(
-            input_ids, inputs_embeds, attention_mask, question_lengths, input_format or self.input_format
-        )
-        stride, size = config.window_stride, config.window_size
+        options = self._forward_options(kwargs)
+        layout, sizes, single = self._layout_batch(input_ids, inputs_embeds, attention_mask, options)
         length = (input_ids if input_ids is not None else inputs_embeds).shape[1]
-        if prefixes is None:  # exporting: bounds from the input length, the windows and chunks beyond them empty
-            num_windows, prefix_width, routed_chunks = export_sizes(config, length)
-        else:
-            num_windows = max(count_windows(t - p, size, stride) for p, t in zip(prefixes, totals))
-            routed_chunks = count_routed_chunks(prefixes, totals, size, stride, config.chunk_question_prefix)
-            prefix_width = max(prefixes)
-        layout = build_window_layout(
-            prefix, lengths, size, stride, num_windows, prefix_width, padding_idx=config.pad_token_id, starts=starts
-        )
         states = self._embed_windows(input_ids, inputs_embeds, token_type_ids, layout, single)
         encoded = self.encoder(
             states,
             layout,
             length,
-            output_hidden_states=output_hidden_states,
-            output_attentions=output_attentions,
-            output_cluster_assignments=output_cluster_assignments,
-            routed_chunks=routed_chunks,
+            output_hidden_states=options["output_hidden_states"],
+            output_attentions=options["output_attentions"],
+            output_cluster_assignments=options["output_cluster_assignments"],
+            routed_chunks=sizes.routed_chunks,
+            bounded=sizes.bounds,
         )
         states = encoded.last_hidden_state
-        sequence_output = windows_to_tokens(states, layout, layout.valid, length)
         window_exists = layout.valid[:, :, 0].unsqueeze(-1).to(states.dtype)  # (B, K, 1)
         window_starts = (states[:, :, 0] * window_exists).sum(1) / window_exists.sum(1)  # (B, d), mean <s> state
-        pooled = self.pooler(window_starts.unsqueeze(1)) if self.pooler is not None else window_starts
-        token_index = layout.token_index.masked_fill(~layout.valid, -1) if output_cluster_assignments else None
-        result = ClusterFormerModelOutput(
-            last_hidden_state=sequence_output,
-            pooler_output=pooled,
+        return ClusterFormerModelOutput(
+            last_hidden_state=windows_to_tokens(states, layout, layout.valid, length),
+            pooler_output=self.pooler(window_starts.unsqueeze(1)) if self.pooler is not None else window_starts,
             hidden_states=encoded.hidden_states,
             attentions=encoded.attentions,
             cluster_assignments=encoded.cluster_assignments,
-            window_token_index=token_index,
+            window_token_index=layout.token_index.masked_fill(~layout.valid, -1)
+            if options["output_cluster_assignments"] else None,
         )
-        return result if return_dict else result.to_tuple()
 
-    @staticmethod
-    def _check_extra_arguments(kwargs: dict) -> None:
-        """Only RoBERTa's cache arguments (ignored) may come along; ``position_ids`` are refused in one line."""
-        unsupported = set(kwargs) - {"position_ids", "cache", "use_cache", "past_key_values"}
-        if unsupported:
-            raise TypeError(f"ClusterFormerModel.forward got unexpected arguments {sorted(unsupported)}.")
+    def _forward_options(self, kwargs: dict) -> dict:
+        """``kwargs`` of `forward` with the config's defaults filled in; anything else is refused in one line (RoBERTa's
+        cache arguments and the Trainer's ``num_items_in_batch`` are ignored; ``position_ids`` are refused)."""
+        config = self.config
+        unknown = set(kwargs) - set(ClusterFormerKwargs.__annotations__) - {"cache", "use_cache", "past_key_values"}
+        if unknown:
+            raise TypeError(f"ClusterFormerModel.forward got unexpected arguments {sorted(unknown)}.")
         if kwargs.get("position_ids") is not None:
             raise ValueError("position_ids are not supported: positions restart in every window; leave them out.")
+        options = {
+            "output_hidden_states": kwargs.get("output_hidden_states"), "output_attentions": kwargs.get("output_attentions"),
+            "output_cluster_assignments": bool(kwargs.get("output_cluster_assignments")),
+            "question_lengths": kwargs.get("question_lengths"), "batch_sizes": kwargs.get("batch_sizes"),
+            "input_format": kwargs.get("input_format") or self.input_format,
+        }
+        for name in ("output_hidden_states", "output_attentions"):
+            options[name] = getattr(config, name) if options[name] is None else options[name]
+        if options["output_attentions"] and config._attn_implementation != "eager":
+            logger.warning_once(
+                f"The {config._attn_implementation} attention implementation returns no attention weights, so "
+                "`attentions` holds None for every layer; load the model with attn_implementation='eager' for them."
+            )
+        return options
+
+    def _layout_batch(
+        self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, attention_mask: torch.Tensor | None,
+        options: dict,
+    ) -> tuple[WindowLayout, BatchSizes, torch.Tensor]:
+        """Locate every row (`_locate_inputs`) and lay out its windows with the batch's `BatchSizes` (or the given
+        ones): -> (the (B, K, S) layout, the sizes, (B,) bool single-text rows)."""
+        config, sizes = self.config, options["batch_sizes"]
+        size, stride = config.window_size, config.window_stride
+        prefixes, totals, prefix, lengths, starts, single = self._locate_inputs(
+            input_ids, inputs_embeds, attention_mask, options["question_lengths"], options["input_format"],
+            read_back=sizes is None or not sizes.bounds,
+        )
+        if sizes is None:
+            sizes = BatchSizes(
+                num_windows=max(count_windows(t - p, size, stride) for p, t in zip(prefixes, totals)),
+                prefix_width=max(prefixes),
+                routed_chunks=count_routed_chunks(prefixes, totals, size, stride, config.chunk_question_prefix),
+            )
+        layout = build_window_layout(prefix, lengths, size, stride, sizes.num_windows, sizes.prefix_width,
+                                     padding_idx=config.pad_token_id, starts=starts)
+        return layout, sizes, single
 
     def _embed_windows(
         self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, token_type_ids: torch.Tensor | None,
@@ -1280,75 +1371,44 @@ class ClusterFormerForQuestionAnswering(ClusterFormerPreTrainedModel):
         self.answerability = nn.Linear(config.hidden_size, 2) if config.use_answerability_head else None
         self.post_init()
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
-        question_lengths: torch.Tensor | list[int] | None = None,
+        inputs_embeds: torch.Tensor | None = None,
         start_positions: torch.Tensor | None = None,
         end_positions: torch.Tensor | None = None,
         answerable_labels: torch.Tensor | None = None,
-        output_hidden_states: bool | None = None,
-        output_attentions: bool | None = None,
-        output_cluster_assignments: bool = False,
-        return_dict: bool | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        input_format: str | None = None,
-        **kwargs,
-    ) -> ClusterFormerQuestionAnsweringOutput | tuple:
+        **kwargs: Unpack[ClusterFormerKwargs],
+    ) -> ClusterFormerQuestionAnsweringOutput:
         r"""
         Args:
-            input_ids, attention_mask, token_type_ids, question_lengths, inputs_embeds, input_format: see
-                `ClusterFormerModel.forward` (``input_format`` defaults to ``"pair"``).
+            input_ids, attention_mask, token_type_ids, inputs_embeds, kwargs: see `ClusterFormerModel.forward`
+                (``input_format`` defaults to ``"pair"``).
             start_positions, end_positions: (B,) token indices of the answer span; out-of-range values are ignored.
             answerable_labels: (B,) 1 if the context holds an answer, 0 if not (needs ``use_answerability_head``).
 
         Returns:
             `ClusterFormerQuestionAnsweringOutput` with (B, T) start/end logits.
         """
-        return_dict = self.config.return_dict if return_dict is None else return_dict
-        outputs = self.roberta(
-            input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            question_lengths=question_lengths,
-            output_hidden_states=output_hidden_states,
-            output_attentions=output_attentions,
-            output_cluster_assignments=output_cluster_assignments,
-            return_dict=True,
-            inputs_embeds=inputs_embeds,
-            input_format=input_format or self.input_format,
-            **kwargs,
-        )
+        outputs = self._encode(input_ids, attention_mask, token_type_ids, inputs_embeds, kwargs)
         logits = self.qa_outputs(outputs.last_hidden_state)
         start_logits, end_logits = (part.squeeze(-1).contiguous() for part in logits.split(1, dim=-1))
         answerable_logits = self.answerability(outputs.pooler_output) if self.answerability is not None else None
-
         loss = None
         if start_positions is not None and end_positions is not None:
-            ignored = start_logits.size(1)
-            loss_fct = CrossEntropyLoss(ignore_index=ignored)
-            start_loss = loss_fct(start_logits, start_positions.view(-1).clamp(0, ignored))
-            end_loss = loss_fct(end_logits, end_positions.view(-1).clamp(0, ignored))
-            loss = (start_loss + end_loss) / 2
+            loss = self.loss_function(start_logits, end_logits, start_positions.view(-1), end_positions.view(-1))
         if answerable_labels is not None:
             if answerable_logits is None:
                 raise ValueError("answerable_labels need config.use_answerability_head=True.")
             answer_loss = CrossEntropyLoss()(answerable_logits, answerable_labels.view(-1).long())
             loss = answer_loss if loss is None else loss + answer_loss
-
-        result = ClusterFormerQuestionAnsweringOutput(
-            loss=loss,
-            start_logits=start_logits,
-            end_logits=end_logits,
-            answerable_logits=answerable_logits,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            cluster_assignments=outputs.cluster_assignments,
-            window_token_index=outputs.window_token_index,
+        return ClusterFormerQuestionAnsweringOutput(
+            loss=loss, start_logits=start_logits, end_logits=end_logits, answerable_logits=answerable_logits,
+            **_extras(outputs),
         )
-        return result if return_dict else result.to_tuple()
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -1392,176 +1452,118 @@ class ClusterFormerMultipleChoiceOutput(MultipleChoiceModelOutput):
     window_token_index: torch.Tensor | None = None
 
 
-def _encode(model, input_ids, attention_mask, token_type_ids, question_lengths, inputs_embeds, input_format,
-            output_hidden_states, output_attentions, output_cluster_assignments, kwargs) -> ClusterFormerModelOutput:
-    """Run a head's ``model.roberta`` with its default ``input_format``: (B, T) inputs -> `ClusterFormerModelOutput`."""
-    return model.roberta(
-        input_ids,
-        attention_mask=attention_mask,
-        token_type_ids=token_type_ids,
-        question_lengths=question_lengths,
-        output_hidden_states=output_hidden_states,
-        output_attentions=output_attentions,
-        output_cluster_assignments=output_cluster_assignments,
-        return_dict=True,
-        inputs_embeds=inputs_embeds,
-        input_format=input_format or model.input_format,
-        **kwargs,
-    )
-
-
 def _extras(outputs: ClusterFormerModelOutput) -> dict:
     """The encoder outputs every head passes on unchanged."""
     return dict(hidden_states=outputs.hidden_states, attentions=outputs.attentions,
                 cluster_assignments=outputs.cluster_assignments, window_token_index=outputs.window_token_index)
 
 
-def token_loss(logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
-    """Cross-entropy over labelled tokens: (N, C) logits, (N,) labels (-100 ignored) -> scalar; their mean, or with
-    ``num_items_in_batch`` (the `Trainer`'s count of labelled tokens over the accumulated batches) the sum over it."""
-    if num_items_in_batch is None:
-        return CrossEntropyLoss()(logits, labels)
-    return CrossEntropyLoss(reduction="sum")(logits, labels) / num_items_in_batch
-
-
-def sequence_classification_loss(config: ClusterFormerConfig, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """`RobertaForSequenceClassification`'s loss: (B, n) logits, (B,) or (B, n) labels -> scalar; regression for one
-    label, cross-entropy for integer labels, else multi-label BCE (``config.problem_type`` set on first use)."""
-    labels = labels.to(logits.device)
-    if config.problem_type is None:
-        if config.num_labels == 1:
-            config.problem_type = "regression"
-        elif labels.dtype in (torch.long, torch.int):
-            config.problem_type = "single_label_classification"
-        else:
-            config.problem_type = "multi_label_classification"
-    if config.problem_type == "regression":
-        return MSELoss()(logits.squeeze(), labels.squeeze()) if config.num_labels == 1 else MSELoss()(logits, labels)
-    if config.problem_type == "single_label_classification":
-        return CrossEntropyLoss()(logits.view(-1, config.num_labels), labels.view(-1))
-    return BCEWithLogitsLoss()(logits, labels)
-
-
-class ClusterFormerForMaskedLM(RobertaForMaskedLM, ClusterFormerPreTrainedModel):
-    """`RobertaForMaskedLM` on `ClusterFormerModel`: (B, T, V) logits for every token of a long input in one pass.
+class ClusterFormerForMaskedLM(ClusterFormerPreTrainedModel):
+    """`RobertaForMaskedLM`'s head on `ClusterFormerModel`: (B, T, V) logits for every token of a long input in one pass.
 
     The decoder is tied to the word embeddings. Loads `RobertaForMaskedLM` checkpoints 1:1 (``roberta.*``,
     ``lm_head.*``); reads single texts ``<s> T </s>`` (``input_format="single"``: a separator that masking drew in
     the middle of a text does not make it a pair; pass ``input_format="pair"`` or ``"auto"`` for pairs).
     """
 
-    config_class = ClusterFormerConfig
-    config: ClusterFormerConfig
+    _tied_weights_keys = RobertaForMaskedLM._tied_weights_keys
     input_format = "single"
 
     def __init__(self, config: ClusterFormerConfig):
-        ClusterFormerPreTrainedModel.__init__(self, config)  # not RobertaForMaskedLM's, which builds a RobertaModel
+        super().__init__(config)
         self.roberta = ClusterFormerModel(config, add_pooling_layer=False)
         self.lm_head = RobertaLMHead(config)
         self.post_init()
 
+    def get_output_embeddings(self):
+        return self.lm_head.decoder
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_head.decoder = new_embeddings
+
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        question_lengths: torch.Tensor | list[int] | None = None,
-        output_hidden_states: bool | None = None,
-        output_attentions: bool | None = None,
-        output_cluster_assignments: bool = False,
-        return_dict: bool | None = None,
         inputs_embeds: torch.Tensor | None = None,
-        input_format: str | None = None,
-        **kwargs,
-    ) -> ClusterFormerMaskedLMOutput | tuple:
+        labels: torch.Tensor | None = None,
+        **kwargs: Unpack[ClusterFormerKwargs],
+    ) -> ClusterFormerMaskedLMOutput:
         r"""
         Args:
-            input_ids, attention_mask, token_type_ids, question_lengths, inputs_embeds, input_format: see
-                `ClusterFormerModel.forward`.
+            input_ids, attention_mask, token_type_ids, inputs_embeds, kwargs: see `ClusterFormerModel.forward`
+                (``input_format`` defaults to ``"single"``); ``num_items_in_batch`` from the `Trainer` sums the loss
+                over the labelled tokens of the accumulated batches.
             labels: optional (B, T) token ids to predict, -100 where no loss is taken.
-            kwargs: ``num_items_in_batch`` from the `Trainer` (see `token_loss`); RoBERTa's cache arguments.
 
         Returns:
             `ClusterFormerMaskedLMOutput` with (B, T, V) logits.
         """
-        return_dict = self.config.return_dict if return_dict is None else return_dict
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
-        outputs = _encode(self, input_ids, attention_mask, token_type_ids, question_lengths, inputs_embeds, input_format,
-                          output_hidden_states, output_attentions, output_cluster_assignments, kwargs)
+        outputs = self._encode(input_ids, attention_mask, token_type_ids, inputs_embeds, kwargs)
         logits = self.lm_head(outputs.last_hidden_state)
         loss = None
         if labels is not None:
-            loss = token_loss(logits.view(-1, self.config.vocab_size), labels.to(logits.device).view(-1), num_items_in_batch)
-        result = ClusterFormerMaskedLMOutput(loss=loss, logits=logits, **_extras(outputs))
-        return result if return_dict else result.to_tuple()
+            loss = self.loss_function(logits, labels, vocab_size=self.config.vocab_size,
+                                      num_items_in_batch=num_items_in_batch)
+        return ClusterFormerMaskedLMOutput(loss=loss, logits=logits, **_extras(outputs))
 
 
-class ClusterFormerForSequenceClassification(RobertaForSequenceClassification, ClusterFormerPreTrainedModel):
-    """`RobertaForSequenceClassification` on `ClusterFormerModel`: `RobertaClassificationHead` over the mean of the
-    windows' ``<s>`` states (the pooled output, as the answerability head reads it), so in one window it equals RoBERTa.
+class ClusterFormerForSequenceClassification(ClusterFormerPreTrainedModel):
+    """`RobertaForSequenceClassification`'s head on `ClusterFormerModel`: `RobertaClassificationHead` over the mean of
+    the windows' ``<s>`` states (the pooled output, as the answerability head reads it), so in one window it equals
+    RoBERTa.
 
     Loads `RobertaForSequenceClassification` checkpoints 1:1 (``roberta.*``, ``classifier.*``); single texts or
     ``tokenizer(text, text_pair)`` pairs (``input_format="auto"``).
     """
 
-    config_class = ClusterFormerConfig
-    config: ClusterFormerConfig
     input_format = "auto"
 
     def __init__(self, config: ClusterFormerConfig):
-        ClusterFormerPreTrainedModel.__init__(self, config)
+        super().__init__(config)
         self.num_labels = config.num_labels
         self.roberta = ClusterFormerModel(config, add_pooling_layer=False)
         self.classifier = RobertaClassificationHead(config)
         self.post_init()
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        question_lengths: torch.Tensor | list[int] | None = None,
-        output_hidden_states: bool | None = None,
-        output_attentions: bool | None = None,
-        output_cluster_assignments: bool = False,
-        return_dict: bool | None = None,
         inputs_embeds: torch.Tensor | None = None,
-        input_format: str | None = None,
-        **kwargs,
-    ) -> ClusterFormerSequenceClassifierOutput | tuple:
+        labels: torch.Tensor | None = None,
+        **kwargs: Unpack[ClusterFormerKwargs],
+    ) -> ClusterFormerSequenceClassifierOutput:
         r"""
         Args:
-            input_ids, attention_mask, token_type_ids, question_lengths, inputs_embeds, input_format: see
-                `ClusterFormerModel.forward`.
+            input_ids, attention_mask, token_type_ids, inputs_embeds, kwargs: see `ClusterFormerModel.forward`.
             labels: optional (B,) class ids (``num_labels > 1``) or values (``num_labels == 1``, regression), or (B, n)
-                multi-label targets; see `sequence_classification_loss`.
+                multi-label targets (``config.problem_type`` as RoBERTa sets it).
 
         Returns:
             `ClusterFormerSequenceClassifierOutput` with (B, num_labels) logits.
         """
-        return_dict = self.config.return_dict if return_dict is None else return_dict
         kwargs.pop("num_items_in_batch", None)  # a mean over examples, as RoBERTa's
-        outputs = _encode(self, input_ids, attention_mask, token_type_ids, question_lengths, inputs_embeds, input_format,
-                          output_hidden_states, output_attentions, output_cluster_assignments, kwargs)
+        outputs = self._encode(input_ids, attention_mask, token_type_ids, inputs_embeds, kwargs)
         logits = self.classifier(outputs.pooler_output.unsqueeze(1))  # the head reads position 0 of (B, 1, d)
-        loss = sequence_classification_loss(self.config, logits, labels) if labels is not None else None
-        result = ClusterFormerSequenceClassifierOutput(loss=loss, logits=logits, **_extras(outputs))
-        return result if return_dict else result.to_tuple()
+        loss = self.loss_function(labels, logits, self.config) if labels is not None else None
+        return ClusterFormerSequenceClassifierOutput(loss=loss, logits=logits, **_extras(outputs))
 
 
-class ClusterFormerForTokenClassification(RobertaForTokenClassification, ClusterFormerPreTrainedModel):
-    """`RobertaForTokenClassification` on `ClusterFormerModel`: (B, T, num_labels) logits for every token of a long
-    input. Loads `RobertaForTokenClassification` checkpoints 1:1 (``roberta.*``, ``classifier.*``); single texts by
-    default (``input_format="auto"``)."""
+class ClusterFormerForTokenClassification(ClusterFormerPreTrainedModel):
+    """`RobertaForTokenClassification`'s head on `ClusterFormerModel`: (B, T, num_labels) logits for every token of a
+    long input. Loads `RobertaForTokenClassification` checkpoints 1:1 (``roberta.*``, ``classifier.*``); single texts
+    by default (``input_format="auto"``)."""
 
-    config_class = ClusterFormerConfig
-    config: ClusterFormerConfig
     input_format = "auto"
 
     def __init__(self, config: ClusterFormerConfig):
-        ClusterFormerPreTrainedModel.__init__(self, config)
+        super().__init__(config)
         self.num_labels = config.num_labels
         self.roberta = ClusterFormerModel(config, add_pooling_layer=False)
         dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
@@ -1569,102 +1571,84 @@ class ClusterFormerForTokenClassification(RobertaForTokenClassification, Cluster
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        question_lengths: torch.Tensor | list[int] | None = None,
-        output_hidden_states: bool | None = None,
-        output_attentions: bool | None = None,
-        output_cluster_assignments: bool = False,
-        return_dict: bool | None = None,
         inputs_embeds: torch.Tensor | None = None,
-        input_format: str | None = None,
-        **kwargs,
-    ) -> ClusterFormerTokenClassifierOutput | tuple:
+        labels: torch.Tensor | None = None,
+        **kwargs: Unpack[ClusterFormerKwargs],
+    ) -> ClusterFormerTokenClassifierOutput:
         r"""
         Args:
-            input_ids, attention_mask, token_type_ids, question_lengths, inputs_embeds, input_format: see
-                `ClusterFormerModel.forward`.
+            input_ids, attention_mask, token_type_ids, inputs_embeds, kwargs: see `ClusterFormerModel.forward`;
+                ``num_items_in_batch`` from the `Trainer` sums the loss over the labelled tokens of the accumulated
+                batches.
             labels: optional (B, T) label ids, -100 where no loss is taken.
-            kwargs: ``num_items_in_batch`` from the `Trainer` (see `token_loss`); RoBERTa's cache arguments.
 
         Returns:
             `ClusterFormerTokenClassifierOutput` with (B, T, num_labels) logits.
         """
-        return_dict = self.config.return_dict if return_dict is None else return_dict
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
-        outputs = _encode(self, input_ids, attention_mask, token_type_ids, question_lengths, inputs_embeds, input_format,
-                          output_hidden_states, output_attentions, output_cluster_assignments, kwargs)
+        outputs = self._encode(input_ids, attention_mask, token_type_ids, inputs_embeds, kwargs)
         logits = self.classifier(self.dropout(outputs.last_hidden_state))
         loss = None
         if labels is not None:
-            loss = token_loss(logits.view(-1, self.num_labels), labels.to(logits.device).view(-1), num_items_in_batch)
-        result = ClusterFormerTokenClassifierOutput(loss=loss, logits=logits, **_extras(outputs))
-        return result if return_dict else result.to_tuple()
+            loss = self.loss_function(logits, labels, self.config, num_items_in_batch=num_items_in_batch)
+        return ClusterFormerTokenClassifierOutput(loss=loss, logits=logits, **_extras(outputs))
 
 
-class ClusterFormerForMultipleChoice(RobertaForMultipleChoice, ClusterFormerPreTrainedModel):
-    """`RobertaForMultipleChoice` on `ClusterFormerModel`: every choice is a pair ``<s> question option </s></s>
+class ClusterFormerForMultipleChoice(ClusterFormerPreTrainedModel):
+    """`RobertaForMultipleChoice`'s head on `ClusterFormerModel`: every choice is a pair ``<s> question option </s></s>
     context </s>`` (``tokenizer(question + " " + option, context)``), the question and option the prefix of every
     window of the long context; a linear score on RoBERTa's pooler over the windows' mean ``<s>`` state.
 
     Loads `RobertaForMultipleChoice` checkpoints 1:1 (``roberta.*`` with its pooler, ``classifier.*``).
     """
 
-    config_class = ClusterFormerConfig
-    config: ClusterFormerConfig
     input_format = "pair"
 
     def __init__(self, config: ClusterFormerConfig):
-        ClusterFormerPreTrainedModel.__init__(self, config)
+        super().__init__(config)
         self.roberta = ClusterFormerModel(config)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.classifier = nn.Linear(config.hidden_size, 1)
         self.post_init()
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        question_lengths: torch.Tensor | None = None,
-        output_hidden_states: bool | None = None,
-        output_attentions: bool | None = None,
-        output_cluster_assignments: bool = False,
-        return_dict: bool | None = None,
         inputs_embeds: torch.Tensor | None = None,
-        input_format: str | None = None,
-        **kwargs,
-    ) -> ClusterFormerMultipleChoiceOutput | tuple:
+        labels: torch.Tensor | None = None,
+        **kwargs: Unpack[ClusterFormerKwargs],
+    ) -> ClusterFormerMultipleChoiceOutput:
         r"""
         Args:
             input_ids: (B, C, T) pair encodings, one per choice; attention_mask, token_type_ids: (B, C, T);
-                question_lengths: optional (B, C); inputs_embeds: (B, C, T, d). Choices run as B * C rows of
-                `ClusterFormerModel.forward` (``input_format`` defaults to ``"pair"``).
+                inputs_embeds: (B, C, T, d); ``question_lengths`` (kwargs): optional (B, C). Choices run as B * C rows
+                of `ClusterFormerModel.forward` (``input_format`` defaults to ``"pair"``).
             labels: optional (B,) index of the right choice.
 
         Returns:
             `ClusterFormerMultipleChoiceOutput` with (B, C) logits.
         """
-        return_dict = self.config.return_dict if return_dict is None else return_dict
         kwargs.pop("num_items_in_batch", None)  # a mean over examples, as RoBERTa's
-        reference = input_ids if input_ids is not None else inputs_embeds
-        num_choices = reference.shape[1]
+        num_choices = (input_ids if input_ids is not None else inputs_embeds).shape[1]
 
         def flat(tensor):  # (B, C, ...) -> (B * C, ...)
             return tensor.reshape(-1, *tensor.shape[2:]) if isinstance(tensor, torch.Tensor) else tensor
 
-        outputs = _encode(self, flat(input_ids), flat(attention_mask), flat(token_type_ids), flat(question_lengths),
-                          flat(inputs_embeds), input_format, output_hidden_states, output_attentions,
-                          output_cluster_assignments, kwargs)
+        if kwargs.get("question_lengths") is not None:
+            kwargs["question_lengths"] = flat(torch.as_tensor(kwargs["question_lengths"]))
+        outputs = self._encode(flat(input_ids), flat(attention_mask), flat(token_type_ids), flat(inputs_embeds), kwargs)
         logits = self.classifier(self.dropout(outputs.pooler_output)).view(-1, num_choices)
         loss = CrossEntropyLoss()(logits, labels.to(logits.device).view(-1)) if labels is not None else None
-        result = ClusterFormerMultipleChoiceOutput(loss=loss, logits=logits, **_extras(outputs))
-        return result if return_dict else result.to_tuple()
+        return ClusterFormerMultipleChoiceOutput(loss=loss, logits=logits, **_extras(outputs))
 
 
 __all__ = [
@@ -1677,6 +1661,12 @@ __all__ = [
     "ClusterFormerPreTrainedModel",
     "ClusterRouter",
     "INPUT_FORMATS",
+    "BatchSizes",
+    "ClusterFormerKwargs",
+    "LAYER_CLASSES",
+    "RoutedLayer",
+    "SlidingWindowLayer",
+    "SparseLayer",
     "LSHRouter",
     "WindowLayout",
     "bidirectional_mask",
@@ -1687,11 +1677,9 @@ __all__ = [
     "merge_overlaps_",
     "order_centroids_greedy",
     "overlap_slots",
-    "sequence_classification_loss",
     "share_context_states",
     "single_text_rows",
     "sort_into_chunks",
-    "token_loss",
     "tokens_to_windows",
     "unsort_from_chunks",
     "windows_to_tokens",

@@ -660,7 +660,7 @@ def _load_for_pipeline(path: Any, tokenizer: Any, kwargs: dict) -> tuple[Any, An
     if "dtype" in kwargs:
         options["dtype"] = kwargs.pop("dtype")
     model, info = AutoModelForQuestionAnswering.from_pretrained(path, output_loading_info=True, **options)
-    mark_untrained(model, [key for key in info["missing_keys"] if "routers." not in key])
+    mark_untrained(model, [key for key in info["missing_keys"] if ".router." not in key])
     return model, tokenizer if tokenizer is not None else path
 
 

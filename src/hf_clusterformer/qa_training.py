@@ -29,7 +29,13 @@ from transformers import (
 
 from .callback import CentroidUpdateCallback
 from .centroid_updates import SMALL_MODEL_CENTROIDS, CentroidUpdateSettings
-from .configuration_clusterformer import ClusterFormerConfig, ModelOption, model_options, required_position_embeddings
+from .configuration_clusterformer import (
+    LAYER_KIND_SHORTCUTS,
+    ClusterFormerConfig,
+    ModelOption,
+    model_options,
+    required_position_embeddings,
+)
 from .data import build_longrange_tokenizer, build_tokenizer, load_longrange_dataset, load_multipassage_dataset
 from .data.longrange import squad_features
 from .features import misplaced_answers, postprocess_predictions, prepare_train_features, prepare_validation_features
@@ -464,7 +470,8 @@ def predict_answers(
 #: Config values of the model a run trained or evaluated, recorded in ``all_results.json``: its sizes and every
 #: model option.
 _RECORDED_CONFIG = (
-    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", *model_options(),
+    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+    *(name for name in model_options() if name not in LAYER_KIND_SHORTCUTS),
 )
 
 
@@ -510,7 +517,7 @@ def _run(model_args, data_args, centroid_args, training_args, callbacks, name: s
     tokenizer = load_tokenizer(model_args, data_args, raw, training_args.output_dir)
     set_seed(training_args.seed)  # before the model: a from-scratch initialisation follows --seed
     model = load_model(model_args, data_args, tokenizer, seed=training_args.seed)
-    logger.info("model: %s", model.config.layer_types)
+    logger.info("model: %s", model.config.layer_kinds)
     if not training_args.do_train:
         check_trained(model, model_args.allow_untrained)
 
@@ -534,7 +541,7 @@ def _run(model_args, data_args, centroid_args, training_args, callbacks, name: s
         train_features = train_features.remove_columns(["answer_truncated"])
 
     all_callbacks = list(callbacks or [])
-    if "cluster" in model.config.layer_types:
+    if "cluster" in model.config.layer_kinds:
         all_callbacks.append(CentroidUpdateCallback(centroid_args.settings(), seed=training_args.seed))
     trainer = make_trainer(model, training_args, train_features, tokenizer, all_callbacks)
     if training_args.do_train:

@@ -139,7 +139,7 @@ def evaluate(model, tokenizer, records: list[dict], preset: Preset, device, dtyp
     whose first global layer is a cluster layer, also how often the two answer mentions share a chunk there."""
     columns = {key: [r[key] for r in records] for key in ("id", "question", "context")}
     features = prepare_validation_features(columns, tokenizer, max_length=1 << 20)
-    global_types = [t for t in model.config.layer_types if t != "sliding"]
+    global_types = [t for t in model.config.layer_kinds if t != "sliding"]
     colocation = kind == "twin" and global_types[:1] == ["cluster"]
     correct, shared = 0, []
     model.eval()
@@ -182,7 +182,7 @@ def learning_rate_factor(schedule: str, warmup: int, steps: int):
 
 def parameter_groups(model, preset: Preset, learning_rate: float) -> list[dict]:
     """AdamW groups: the global layers' parameters at ``cluster_lr_scale`` times the rate, the rest at the rate."""
-    global_layers = {f"encoder.layer.{i}." for i in model.config.cluster_layers}
+    global_layers = {f"encoder.layer.{i}." for i in model.config.global_layers}
     fast, rest = [], []
     for name, parameter in model.named_parameters():
         if parameter.requires_grad:
@@ -362,7 +362,7 @@ def run_one(setup: RunSetup, variant: str, seed: int, train_seconds: float | Non
         preset, label = setup.preset, f"{variant}/seed {seed}"
         model, tokenizer = load_variant(setup, variant, seed)
         updater = None
-        if any(t == "cluster" for t in model.config.layer_types):
+        if any(t == "cluster" for t in model.config.layer_kinds):
             updater = CentroidUpdater(model, preset.centroids, seed=seed)
         state = {"generator": torch.Generator().manual_seed(seed), "updater": updater, "log": [], "global_step": 0,
                  "curve": LearningCurve(preset, label), "started": time.time()}

@@ -18,12 +18,8 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-from hf_clusterformer_cli_support import CommandError, OneLineParser, add_option_flags
-
-
-#: Most context tokens a model may be set to take (``--max-context-length``): `hf_clusterformer.hub.MAX_CONTEXT_LENGTH`,
-#: repeated here so that usage errors need no torch.
-MAX_CONTEXT_LENGTH = 1 << 24
+from hf_clusterformer_cli_support import MAX_CONTEXT_LENGTH, CommandError, OneLineParser, add_option_flags
+from hf_clusterformer_files import TOKENIZER_FILES
 
 
 def _positive_int(value: str) -> int:
@@ -126,11 +122,6 @@ def _weights_error(path: str, error: Exception) -> str:
     return f"could not read the weights of {path}: {error}"
 
 
-#: Files of which a saved tokenizer has at least one.
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "spiece.model",
-                    "sentencepiece.bpe.model", "tokenizer.model")
-
-
 def _load_qa_model(path: str, max_context_length: int | None = None, command: str = "predict"):
     """A Cluster-Former QA model and its tokenizer from a checkpoint directory or Hub id, with clear errors (a plain
     RoBERTa or BERT checkpoint is refused: `check_cluster_former`)."""
@@ -144,7 +135,7 @@ def _load_qa_model(path: str, max_context_length: int | None = None, command: st
     options = {} if max_context_length is None else {"max_context_length": max_context_length}
     try:
         model = load_qa_model(path, **options)
-        if os.path.isdir(path) and not any(os.path.isfile(os.path.join(path, name)) for name in _TOKENIZER_FILES):
+        if os.path.isdir(path) and not any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES):
             raise CommandError(
                 f"no tokenizer files in {path} (such as tokenizer.json); save the tokenizer into it with "
                 "tokenizer.save_pretrained, or write the checkpoint with `clusterformer convert`."

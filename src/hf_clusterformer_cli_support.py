@@ -1,6 +1,6 @@
 """The error type and argument parser shared by the ``clusterformer`` command and ``hf_clusterformer.modelcard``, the
-command-line flags of a table of options (the command's and the scripts' model options), and which files of a folder
-belong to a model (the write rule of every command and function that writes into a folder).
+command-line flags of a table of options (the command's and the scripts' model options), and the context-length
+limit the command checks before importing torch. (Which files of a folder a model owns: `hf_clusterformer_files`.)
 
 A top-level module with no imports beyond the standard library, on the bottom floor (see ARCHITECTURE.md): the
 command imports it without importing ``hf_clusterformer`` (torch, transformers), and the card generator imports it
@@ -10,40 +10,19 @@ without importing the command.
 from __future__ import annotations
 
 import argparse
-import fnmatch
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NoReturn
 
 __all__ = [
-    "MODEL_FILE_NAMES",
-    "MODEL_FILE_PATTERNS",
-    "RESULT_FILES",
+    "MAX_CONTEXT_LENGTH",
     "CommandError",
     "OneLineParser",
     "add_option_flags",
-    "owned_by_model",
 ]
 
-#: Files a run writes beside its model (``clusterformer train`` / ``evaluate``): its records.
-RESULT_FILES = ("all_results.json", "eval_predictions.json")
-#: Names of the files a saved model or its run owns (config, weights, tokenizer, code, card, records): what
-#: ``--overwrite`` replaces. Every other file in the folder (notes, logs) is the user's and is kept.
-MODEL_FILE_NAMES = frozenset({
-    "config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-    "pytorch_model.bin.index.json", "generation_config.json", *RESULT_FILES, "train_results.json", "eval_results.json",
-    "trainer_state.json", "training_args.bin", "README.md", "configuration_clusterformer.py",
-    "modeling_clusterformer.py", "pipeline.py", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-    "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt", "spiece.model", "sentencepiece.bpe.model",
-    "tokenizer.model", "chat_template.jinja",
-})
-#: Patterns of the other names a model or its run owns: weight shards, Trainer checkpoints, TensorBoard logs.
-MODEL_FILE_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "checkpoint-*", "runs")
-
-
-def owned_by_model(name: str) -> bool:
-    """Whether a file or folder named ``name`` (in a model folder) belongs to the model or its run (see
-    `MODEL_FILE_NAMES`, `MODEL_FILE_PATTERNS`); other names are the user's."""
-    return name in MODEL_FILE_NAMES or any(fnmatch.fnmatchcase(name, pattern) for pattern in MODEL_FILE_PATTERNS)
+#: Most context tokens a converted or loaded model may be set to take: 16M tokens, far beyond what one forward pass
+#: fits in memory (``max_context_length``; here so that the command's usage errors need no torch).
+MAX_CONTEXT_LENGTH = 1 << 24
 
 
 class CommandError(Exception):

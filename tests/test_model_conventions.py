@@ -274,3 +274,13 @@ def test_input_ids_that_are_not_token_ids_get_one_line_naming_them():
         model(input_ids=ids.masked_fill(ids == ids[0, 5], 100), attention_mask=mask)
     with pytest.raises(ValueError, match="token id -3"):
         model(input_ids=ids.masked_fill(ids == ids[0, 5], -3), attention_mask=mask)
+
+
+def test_a_num_clusters_override_that_does_not_fit_the_saved_centroids_is_one_line(tmp_path):
+    """Checked against the saved config before loading (no transformers size-mismatch error matched by its text)."""
+    ClusterFormerForQuestionAnswering(tiny_config(cluster_layers=[2], num_clusters=8)).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"saved with num_clusters=8.*ignore_mismatched_sizes=True"):
+        ClusterFormerForQuestionAnswering.from_pretrained(tmp_path, num_clusters=4)
+    model = ClusterFormerForQuestionAnswering.from_pretrained(tmp_path, num_clusters=4, ignore_mismatched_sizes=True)
+    assert model.cluster_routers()[2].centroids.shape[0] == 4 and not bool(model.cluster_routers()[2].fitted)
+    assert ClusterFormerForQuestionAnswering.from_pretrained(tmp_path, num_clusters=4, cluster_layers=[]).config.num_clusters == 4

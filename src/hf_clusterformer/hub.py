@@ -22,13 +22,26 @@ import logging
 import os
 import shutil
 import sys
-import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hf_clusterformer_cli_support import MODEL_FILE_NAMES, MODEL_FILE_PATTERNS, RESULT_FILES, owned_by_model
+# the file policy (which files a model owns, modes, writing a folder at once) has one home; re-exported here
+from hf_clusterformer_cli_support import MAX_CONTEXT_LENGTH
+from hf_clusterformer_files import (
+    CODE_FILES,
+    MODEL_FILE_NAMES,
+    MODEL_FILE_PATTERNS,
+    RESULT_FILES,
+    ModelFolderExistsError,
+    check_output_dir,
+    check_result_files,
+    default_mode,
+    holds_model,
+    owned_by_model,
+    writing_model_dir,
+)
 import torch
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.dynamic_module_utils import get_imports
@@ -81,8 +94,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
-#: Code files a Hub checkpoint carries (the pipeline file only when ``config.json`` names a custom pipeline).
-CODE_FILES = ("configuration_clusterformer.py", "modeling_clusterformer.py", "pipeline.py")
 #: Weight formats that unpickle on load; never written or uploaded.
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 #: Top-level packages the Hub code may import besides the standard library.
@@ -96,98 +107,6 @@ _CUSTOM_PIPELINE = {
         "type": "text",
     }
 }
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Output folders: never replace a model unless asked, and then all at once
-# ----------------------------------------------------------------------------------------------------------------
-
-#: Files whose presence makes a folder hold a model.
-_MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
-
-
-class ModelFolderExistsError(FileExistsError):
-    """The output folder already holds a model (or a run's records) and ``overwrite`` was not given."""
-
-
-def holds_model(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a folder with a saved model in it (its config or weights; Trainer ``checkpoint-*`` folders
-    alone, such as those of the run whose model is being saved, do not count)."""
-    path = Path(path)
-    return path.is_dir() and any((path / name).exists() for name in _MODEL_FILES)
-
-
-def check_output_dir(
-    path: str | os.PathLike, overwrite: bool = False, option: str = "overwrite=True", results: Sequence[str] = (),
-) -> None:
-    """Raise `ModelFolderExistsError` when ``path`` holds a model (or one of the records named in ``results``) and
-    ``overwrite`` is false, and `NotADirectoryError` when it is a file; ``option`` names the switch in the
-    message (``--overwrite``)."""
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise NotADirectoryError(f"output folder {path} is a file; give a folder.")
-    if overwrite:
-        return
-    if holds_model(path):
-        raise ModelFolderExistsError(
-            f"output folder {path} already holds a model; pass {option} to replace the model's files (other files "
-            "are kept), or give another folder."
-        )
-    check_result_files(path, results, overwrite, option)
-
-
-def check_result_files(path: str | os.PathLike, names: Sequence[str], overwrite: bool = False,
-                       option: str = "overwrite=True") -> None:
-    """Raise `ModelFolderExistsError` when one of the record files ``names`` exists in folder ``path`` and
-    ``overwrite`` is false (a run's results, which ``clusterformer card`` reads)."""
-    existing = [name for name in names if (Path(path) / name).exists()]
-    if existing and not overwrite:
-        raise ModelFolderExistsError(
-            f"output folder {path} already holds {', '.join(existing)} of an earlier run; pass {option} to replace "
-            "them, or give another --output_dir."
-        )
-
-
-def default_mode(directory: bool = False) -> int:
-    """The mode a new file (``0o666``) or folder (``0o777``) gets under the process umask (0644 / 0755 under the
-    usual 022)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return (0o777 if directory else 0o666) & ~umask
-
-
-@contextlib.contextmanager
-def writing_model_dir(path: str | os.PathLike, overwrite: bool = False, option: str = "overwrite=True") -> Iterator[Path]:
-    """Write a model into a sibling temporary folder, then put it in place of ``path`` in one rename.
-
-    Refuses (before anything is written) a ``path`` that holds a model unless ``overwrite``; with it, the old model's
-    own files (`owned_by_model`: config, weights, tokenizer, card, records, Trainer checkpoints) are replaced and
-    every other file in the folder is kept. A folder without a model keeps all its files that the new model does not
-    write. A failure or interruption removes the temporary folder and leaves ``path`` as it was. The folder gets the
-    usual mode (`default_mode`), not the temporary folder's 0700.
-    """
-    path = Path(path)
-    check_output_dir(path, overwrite, option)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
-    try:
-        yield staging
-        os.chmod(staging, default_mode(directory=True))
-        if path.is_dir():
-            replaced = holds_model(path)  # the old model's own files go with it
-            for child in path.iterdir():
-                if not (staging / child.name).exists() and not (replaced and owned_by_model(child.name)):
-                    os.replace(child, staging / child.name)
-        previous = None
-        if path.exists():
-            previous = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
-            os.replace(path, previous / "model")
-        os.replace(staging, path)
-        if previous is not None:
-            shutil.rmtree(previous, ignore_errors=True)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
 
 
 #: The Auto class of every Cluster-Former head.
@@ -453,11 +372,6 @@ class ConvertedCheckpoint:
     has_tokenizer: bool = False
     #: ``model_type`` of the source checkpoint (``roberta``, ``bert`` or ``clusterformer``).
     source_type: str = "roberta"
-
-
-#: Most context tokens a converted or loaded model may be set to take: 16M tokens, far beyond what one forward pass
-#: fits in memory (``--max-context-length`` of the command line has the same bound).
-MAX_CONTEXT_LENGTH = 1 << 24
 
 
 def check_context_length(value: int | None, option: str = "max_context_length") -> None:

@@ -24,7 +24,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hf_clusterformer_cli_support import CommandError, OneLineParser, owned_by_model
+from hf_clusterformer_cli_support import CommandError, OneLineParser
+from hf_clusterformer_files import owned_by_model
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from .configuration_clusterformer import ClusterFormerConfig

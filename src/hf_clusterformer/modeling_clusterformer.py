@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn import CrossEntropyLoss
+from transformers import PretrainedConfig
 from transformers import initialization as init
 from transformers.modeling_outputs import (
     MaskedLMOutput,
@@ -987,26 +988,41 @@ class ClusterFormerPreTrainedModel(RobertaPreTrainedModel):
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
-        """`PreTrainedModel.from_pretrained`, with a clear error when saved centroids do not fit the config; router
+        """`PreTrainedModel.from_pretrained`, with a clear error when saved centroids do not fit the options; router
         buffers saved under ``encoder.routers.{i}`` (checkpoints from before routers lived in their layers) load into
         ``encoder.layer.{i}.router``."""
+        if args and not kwargs.get("ignore_mismatched_sizes") and kwargs.get("config") is None:
+            cls._check_shape_overrides(args[0], kwargs)
         kwargs["key_mapping"] = {**LEGACY_KEY_MAPPING, **(kwargs.get("key_mapping") or {})}
-        try:
-            model = super().from_pretrained(*args, **kwargs)
-        except RuntimeError as error:
-            if "ignore_mismatched_sizes" not in str(error):
-                raise
-            raise ValueError(
-                "The checkpoint's tensors (centroids or weights) have other shapes than this config asks for: "
-                "num_clusters or hidden_size differ from the checkpoint's. Load without overriding them, or pass "
-                "ignore_mismatched_sizes=True to re-initialise the mismatched centroids (then fit them again)."
-            ) from error
+        model = super().from_pretrained(*args, **kwargs)
         # transformers saves a model with the reverse of the renames it was loaded with: the legacy one is load-only
         conversions = getattr(model, "_weight_conversions", None)
         if conversions:
             kept = [c for c in conversions if not set(getattr(c, "source_patterns", None) or ()) & set(LEGACY_KEY_MAPPING)]
             model._weight_conversions = kept or None
         return model
+
+    @classmethod
+    def _check_shape_overrides(cls, source, kwargs: dict) -> None:
+        """One line instead of transformers' size-mismatch error when ``num_clusters`` or ``hidden_size`` given to
+        `from_pretrained` differ from a Cluster-Former checkpoint's (its centroids have the saved shape)."""
+        overrides = {name: kwargs[name] for name in ("num_clusters", "hidden_size") if name in kwargs}
+        if not overrides:
+            return
+        hub = {name: kwargs[name] for name in ("revision", "token", "cache_dir", "local_files_only") if name in kwargs}
+        saved, _ = PretrainedConfig.get_config_dict(source, **hub)
+        if saved.get("model_type") != cls.config_class.model_type:
+            return  # a RoBERTa checkpoint has no centroids: its options may be set freely
+        kinds = {name: kwargs[name] for name in ("cluster_layers", "global_layer_type", "layer_types", "layer_kinds")
+                 if name in kwargs}
+        routed = any(kind in ROUTED_LAYER_TYPES for kind in cls.config_class.from_dict(dict(saved), **kinds).layer_kinds)
+        for name, value in overrides.items():
+            if saved.get(name) not in (None, value) and (routed or name == "hidden_size"):
+                raise ValueError(
+                    f"{source} was saved with {name}={saved[name]}, so its tensors (centroids or weights) do not fit "
+                    f"{name}={value}; load without overriding {name}, or pass ignore_mismatched_sizes=True to "
+                    "re-initialise the mismatched centroids (then fit them again)."
+                )
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         """`PreTrainedModel.save_pretrained` (the Trainer's checkpoints included), writing a folder complete for what

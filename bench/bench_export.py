@@ -1,6 +1,6 @@
 """onnxruntime (CPU) against eager torch on the same Cluster-Former, from one exported ONNX file, in one process.
 
-The model is all-MiniLM-L6-v2 converted to Cluster-Former in memory (`hf_clusterformer.hub.load_qa_model`: 6 layers,
+The model is all-MiniLM-L6-v2 converted to Cluster-Former in memory (`hf_clusterformer.conversion.load_qa_model`: 6 layers,
 d 384, windows 256/224, the default cluster layers; its QA head is new, which does not matter for timing), exported
 once (`hf_clusterformer.export.export_model`, traced at 512 tokens) and run at every ``--lengths`` entry on one
 question + long context, batch 1. Both run on ``--threads`` CPU threads (torch.set_num_threads and onnxruntime's
@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from hf_clusterformer.export import export_model
-from hf_clusterformer.hub import load_qa_model, quiet_loading
+from hf_clusterformer.conversion import load_qa_model
+from hf_clusterformer.hub import quiet_loading
 from hf_clusterformer.pretrained import fetch_pretrained
 
 

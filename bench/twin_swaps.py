@@ -31,8 +31,10 @@ import torch
 from hf_clusterformer import CentroidUpdater, ClusterFormerForQuestionAnswering
 from hf_clusterformer.centroid_updates import CentroidUpdateSettings
 from hf_clusterformer.data.longrange import generate_longrange_dataset
+from hf_clusterformer.experiment.report import positional_shortcuts
 from hf_clusterformer.features import prepare_train_features, prepare_validation_features
-from hf_clusterformer.hub import convert_checkpoint, quiet_loading
+from hf_clusterformer.conversion import convert_checkpoint
+from hf_clusterformer.hub import quiet_loading
 from hf_clusterformer.pipeline import rank_spans
 from hf_clusterformer.pretrained import fetch_pretrained
 
@@ -47,7 +49,7 @@ def project_examples(options: dict, count: int, split: str, seed: int, tokenizer
     valid = prepare_validation_features(columns, tokenizer, max_length=1 << 20)
     return [{"ids": train["input_ids"][i], "start": train["start_positions"][i], "end": train["end_positions"][i],
              "offsets": valid["offset_mapping"][i], "context": records[i]["context"],
-             "answer": records[i]["answers"]["text"][0].lower()} for i in range(len(records))]
+             "answer": records[i]["answers"]["text"][0].lower(), "record": records[i]} for i in range(len(records))]
 
 
 def probe_examples(path: str, stage: str, count: int, seed: int) -> list[dict]:
@@ -116,6 +118,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--probe", default=str(Path(__file__).resolve().parents[2] / "shared/probes/twin_probe.py"))
     parser.add_argument("--near-steps", type=int, default=300)
     parser.add_argument("--far-steps", type=int, default=420)
+    parser.add_argument("--near-gate", type=float, default=None,
+                        help="end the near stage at the first evaluation whose held-out near start EM reaches this "
+                             "(--near-steps is then the most it runs)")
     parser.add_argument("--near-batch", type=int, default=16)
     parser.add_argument("--far-batch", type=int, default=8)
     parser.add_argument("--near-lr", type=float, default=1e-4)
@@ -160,6 +165,9 @@ def main(argv: list[str] | None = None) -> dict:
     held_out = {name: load_examples(spec, name, args.eval_examples, "validation", args.seed, tokenizer, args.probe)
                 for name, spec, steps, *_ in stages if steps}
     record = {"args": vars(args), "curve": [], "seconds": {}}
+    record["shortcuts"] = {name: positional_shortcuts([e["record"] for e in examples])
+                           for name, examples in held_out.items() if "record" in examples[0]}
+    print(json.dumps({"shortcuts": record["shortcuts"]}), flush=True)
     started = time.time()
     rng = random.Random(args.seed)
     global_step = 0
@@ -196,6 +204,9 @@ def main(argv: list[str] | None = None) -> dict:
                 point.update({f"{k}_{m}": v for k, ex in held_out.items() for m, v in evaluate(model, ex, pad_id).items()})
                 record["curve"].append(point)
                 print(json.dumps(point), flush=True)
+                if name == "near" and args.near_gate is not None and point["near_start_em"] >= args.near_gate:
+                    record["near_steps_run"] = step
+                    break
     record["final"] = record["curve"][-1] if record["curve"] else None
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -36,7 +36,8 @@ from hf_clusterformer import CentroidUpdateCallback, ClusterFormerConfig, Cluste
 from hf_clusterformer.configuration_clusterformer import model_options, required_position_embeddings
 from hf_clusterformer.data import build_tokenizer
 from hf_clusterformer.data.multipassage import default_squad_path, read_squad
-from hf_clusterformer.hub import check_output_dir, checkpoint_model_type, convert_checkpoint
+from hf_clusterformer.conversion import checkpoint_model_type, convert_checkpoint
+from hf_clusterformer.hub import check_output_dir
 from hf_clusterformer.qa_training import CentroidArguments, ModelArguments, _argument_parser
 
 

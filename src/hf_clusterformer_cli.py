@@ -128,7 +128,7 @@ def _load_qa_model(path: str, max_context_length: int | None = None, command: st
     from safetensors import SafetensorError
     from transformers import AutoTokenizer
 
-    from hf_clusterformer.hub import load_qa_model
+    from hf_clusterformer.conversion import load_qa_model
 
     check_model_path(path)
     check_cluster_former(path, command)
@@ -271,7 +271,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
-    from hf_clusterformer.hub import ModelFolderExistsError, check_output_dir, convert_checkpoint
+    from hf_clusterformer.conversion import convert_checkpoint
+    from hf_clusterformer_files import ModelFolderExistsError, check_output_dir
 
     check_model_path(args.source, "source")
     try:

@@ -99,7 +99,7 @@ def test_the_command_sits_on_top():
     """The command's error type and parser import nothing of the project; the command imports the library, and the
     library never the command (the `cli-on-top` contract checks the last)."""
     assert _project_imports(SRC / "hf_clusterformer_cli_support.py") == set()
-    assert _project_imports(SRC / "hf_clusterformer_cli.py") >= {"hf_clusterformer_cli_support", "hf_clusterformer.hub"}
+    assert _project_imports(SRC / "hf_clusterformer_cli.py") >= {"hf_clusterformer_cli_support", "hf_clusterformer.conversion"}
 
 
 def test_the_cycle_finder_finds_a_circle():

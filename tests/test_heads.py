@@ -40,7 +40,7 @@ from hf_clusterformer import (
     ClusterFormerForTokenClassification,
 )
 from hf_clusterformer.data.tokenizer import build_tokenizer
-from hf_clusterformer.hub import convert_checkpoint
+from hf_clusterformer.conversion import convert_checkpoint
 
 #: (our head, RoBERTa's, the Auto class, BERT's) by `convert_checkpoint` task.
 HEADS = {

@@ -252,7 +252,7 @@ def test_a_bert_checkpoint_given_to_from_pretrained_names_the_loader_that_maps_i
     from transformers import BertConfig, BertModel
 
     from hf_clusterformer import ClusterFormerForQuestionAnswering
-    from hf_clusterformer.hub import load_qa_model
+    from hf_clusterformer.conversion import load_qa_model
 
     BertModel(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
                          intermediate_size=32, max_position_embeddings=64)).save_pretrained(tmp_path)

@@ -14,7 +14,7 @@ from transformers import BertConfig, BertForQuestionAnswering, BertModel, BertTo
 
 from hf_clusterformer import ClusterFormerForQuestionAnswering, ClusterFormerModel
 from hf_clusterformer.data.longrange import approx_token_count, generate_longrange_dataset
-from hf_clusterformer.hub import convert_checkpoint
+from hf_clusterformer.conversion import convert_checkpoint
 from hf_clusterformer.pretrained import (
     PRETRAINED_SOURCES,
     PretrainedSource,

@@ -26,7 +26,8 @@ from transformers import GPT2Config, GPT2Model, RobertaConfig, RobertaForQuestio
 import hf_clusterformer
 from hf_clusterformer import ClusterFormerConfig, ClusterFormerForQuestionAnswering
 from hf_clusterformer.data.tokenizer import build_tokenizer
-from hf_clusterformer.hub import ModelFolderExistsError, convert_checkpoint, default_mode, save_for_hub
+from hf_clusterformer.conversion import convert_checkpoint
+from hf_clusterformer.hub import ModelFolderExistsError, default_mode, save_for_hub
 from hf_clusterformer_cli import main
 
 SENTENCES = [
@@ -334,7 +335,7 @@ def test_absurd_num_clusters_are_bounded_by_memory(roberta_qa, work, tokenizer):
                                     "1000000000"), "num_clusters 1000000000", "give at most")
     bound = int(re.search(r"give at most (\d+)", line)[1])
     assert 1000 < bound < 1_000_000_000 and not (work / "huge").exists()
-    from hf_clusterformer.hub import check_centroid_memory, load_qa_model
+    from hf_clusterformer.conversion import check_centroid_memory, load_qa_model
 
     check_centroid_memory(ClusterFormerConfig(hidden_size=32, num_attention_heads=2, num_hidden_layers=2,
                                               cluster_layers=[1], num_clusters=bound))

@@ -134,7 +134,7 @@ class ClusterFormerConfig(RobertaConfig):
 
     Every RoBERTa checkpoint's config loads into it. The fields it adds are below, each with its help text (read by
     `model_options`, the one table of model options behind ``clusterformer convert``, run_qa's flags and
-    `hf_clusterformer.hub.convert_checkpoint`). ``layer_kinds`` is the one stored list of layer kinds (not named
+    `hf_clusterformer.conversion.convert_checkpoint`). ``layer_kinds`` is the one stored list of layer kinds (not named
     ``layer_types``, which transformers checks against its own attention kinds).
 
     Constructor shortcuts for ``layer_kinds`` (read once, never stored; configs saved with them still load, and
@@ -214,14 +214,14 @@ class ClusterFormerConfig(RobertaConfig):
             source = args[0] if args else "this checkpoint"
             raise ValueError(
                 f"{source} is a BERT-family checkpoint, whose weights need mapping to RoBERTa's layout: load it with "
-                f"hf_clusterformer.hub.load_qa_model({str(source)!r}) or convert it once with "
+                f"hf_clusterformer.conversion.load_qa_model({str(source)!r}) or convert it once with "
                 f"`clusterformer convert {source} OUT_DIR`."
             )
         if config_dict.get("model_type") not in (None, "roberta", cls.model_type):
             source = args[0] if args else "this checkpoint"
             raise ValueError(
                 f"{source} is a {config_dict['model_type']!r} checkpoint, whose weights Cluster-Former cannot use; give "
-                "a RoBERTa or Cluster-Former checkpoint (BERT-family ones through hf_clusterformer.hub.load_qa_model "
+                "a RoBERTa or Cluster-Former checkpoint (BERT-family ones through hf_clusterformer.conversion.load_qa_model "
                 "or `clusterformer convert`)."
             )
         if config_dict.get("model_type") == "roberta":
@@ -351,7 +351,7 @@ def model_options() -> dict[str, ModelOption]:
     """Cluster-Former's own options by name: the fields `ClusterFormerConfig` adds to RoBERTa's (type, default and help
     from the field), with the ``layer_kinds`` shortcuts after ``window_stride``.
 
-    The one table of model options: `hf_clusterformer.hub.convert_checkpoint`, ``clusterformer convert``, run_qa's
+    The one table of model options: `hf_clusterformer.conversion.convert_checkpoint`, ``clusterformer convert``, run_qa's
     model flags and the benchmarks read their names, types, defaults and help from it.
     """
     annotations = inspect.get_annotations(ClusterFormerConfig, eval_str=True)

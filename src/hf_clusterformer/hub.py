@@ -10,8 +10,8 @@ only torch, transformers, huggingface_hub and each other) and ``config.json`` ma
 ``question-answering`` pipeline to them. Weights (including the K-Means centroids and their ``fitted`` flags) are
 stored as safetensors only.
 
-`convert_checkpoint` turns a RoBERTa or BERT-family checkpoint into a Cluster-Former one; `push_model` uploads a
-checkpoint directory.
+`push_model` uploads a checkpoint directory (`hf_clusterformer.conversion.convert_checkpoint` writes one from a
+RoBERTa or BERT-family checkpoint).
 """
 
 from __future__ import annotations
@@ -23,12 +23,10 @@ import os
 import shutil
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 # the file policy (which files a model owns, modes, writing a folder at once) has one home; re-exported here
-from hf_clusterformer_cli_support import MAX_CONTEXT_LENGTH
 from hf_clusterformer_files import (
     CODE_FILES,
     MODEL_FILE_NAMES,
@@ -42,11 +40,10 @@ from hf_clusterformer_files import (
     owned_by_model,
     writing_model_dir,
 )
-import torch
-from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.dynamic_module_utils import get_imports
 
-from .configuration_clusterformer import LAYER_KIND_SHORTCUTS, ROUTED_LAYER_TYPES, ClusterFormerConfig, model_options, override_layer_kinds
+from .configuration_clusterformer import ClusterFormerConfig
 from .modeling_clusterformer import (
     ClusterFormerForMaskedLM,
     ClusterFormerForMultipleChoice,
@@ -55,22 +52,16 @@ from .modeling_clusterformer import (
     ClusterFormerForTokenClassification,
     ClusterFormerModel,
 )
-from .pipeline import TASK, UNTRAINED_WEIGHTS, check_checkpoint_source, mark_untrained, untrained_weights
+from .pipeline import TASK, UNTRAINED_WEIGHTS, untrained_weights
 
 __all__ = [
     "CODE_FILES",
     "PICKLE_SUFFIXES",
-    "CONVERTIBLE_TYPES",
     "HEAD_AUTO_CLASSES",
     "TASK_CLASSES",
-    "MAX_CONTEXT_LENGTH",
-    "ConvertedCheckpoint",
-    "check_context_length",
     "ModelFolderExistsError",
     "check_output_dir",
     "check_result_files",
-    "check_centroid_memory",
-    "checkpoint_model_type",
     "default_mode",
     "owned_by_model",
     "MODEL_FILE_NAMES",
@@ -79,11 +70,9 @@ __all__ = [
     "holds_model",
     "writing_model_dir",
     "check_hub_checkpoint",
-    "convert_checkpoint",
     "hub_auto_map",
     "hub_files",
     "hub_code_imports",
-    "load_qa_model",
     "prepare_for_hub",
     "push_model",
     "quiet_loading",
@@ -357,345 +346,8 @@ def check_hub_checkpoint(path: str | os.PathLike, files: Sequence[str] | None = 
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Convert and push
+# Push
 # ----------------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class ConvertedCheckpoint:
-    """Result of `convert_checkpoint`."""
-
-    path: Path
-    config: ClusterFormerConfig
-    #: Parameters the source did not have (e.g. ``qa_outputs.*`` from a plain encoder: train before use).
-    newly_initialized: list[str] = field(default_factory=list)
-    has_tokenizer: bool = False
-    #: ``model_type`` of the source checkpoint (``roberta``, ``bert`` or ``clusterformer``).
-    source_type: str = "roberta"
-
-
-def check_context_length(value: int | None, option: str = "max_context_length") -> None:
-    """Raise `ValueError` naming ``option`` when ``value`` is not an integer in [1, `MAX_CONTEXT_LENGTH`]."""
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CONTEXT_LENGTH:
-        raise ValueError(f"{option} must be an integer from 1 to {MAX_CONTEXT_LENGTH}, got {value!r}.")
-
-
-def _memory_bytes() -> int:
-    """This machine's physical memory (16 GiB where the system does not say)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return 16 << 30
-
-
-def _size(count: float) -> str:
-    for unit in ("bytes", "KB", "MB", "GB", "TB", "PB"):
-        if count < 1000 or unit == "PB":
-            return f"{count:.0f} {unit}" if unit == "bytes" else f"{count:.1f} {unit}"
-        count /= 1000
-    raise AssertionError  # unreachable
-
-
-def check_centroid_memory(config: ClusterFormerConfig, option: str = "num_clusters") -> None:
-    """Raise `ValueError` when the centroids (or LSH projections) of ``config`` would take more than a quarter of
-    this machine's memory, naming ``option`` and the largest value that fits (instead of running out of memory)."""
-    routed = sum(kind in ROUTED_LAYER_TYPES for kind in config.layer_kinds)
-    if not routed:
-        return
-    per_cluster = config.hidden_size * 4 * routed  # float32 rows, one table per cluster/LSH layer
-    memory = _memory_bytes()
-    bound = max(1, memory // 4 // per_cluster)
-    if config.num_clusters > bound:
-        raise ValueError(
-            f"{option} {config.num_clusters} needs {_size(config.num_clusters * per_cluster)} of centroids "
-            f"({config.num_clusters} x hidden size {config.hidden_size} x 4 bytes x {routed} layers), more than a "
-            f"quarter of this machine's memory ({_size(memory)}); give at most {bound} (the paper uses 64 to 512)."
-        )
-
-
-def checkpoint_model_type(path: str | os.PathLike, **hub_kwargs: Any) -> str | None:
-    """The ``model_type`` in the ``config.json`` of a checkpoint directory or Hub id (``None`` when it has none)."""
-    config, _ = PretrainedConfig.get_config_dict(path, **hub_kwargs)
-    return config.get("model_type")
-
-
-#: Source model types `convert_checkpoint` takes.
-CONVERTIBLE_TYPES = ("roberta", "bert", ClusterFormerConfig.model_type)
-#: BERT configuration fields that carry over unchanged.
-_BERT_FIELDS = (
-    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
-    "hidden_dropout_prob", "attention_probs_dropout_prob", "type_vocab_size", "initializer_range", "layer_norm_eps",
-)
-
-
-#: Where a BERT head's weights go in the RoBERTa layout, by `convert_checkpoint` task: source prefix -> target prefix
-#: (BERT's pooler + classifier is RoBERTa's classification head; its MLM transform is ``lm_head``; the decoder is
-#: tied to the word embeddings, its bias is ``cls.predictions.bias``).
-_BERT_HEADS = {
-    "qa": {"qa_outputs.": "qa_outputs."},
-    "mlm": {"cls.predictions.transform.dense.": "lm_head.dense.",
-            "cls.predictions.transform.LayerNorm.": "lm_head.layer_norm.", "cls.predictions.bias": "lm_head.bias"},
-    "sequence-classification": {"roberta.pooler.dense.": "classifier.dense.", "classifier.": "classifier.out_proj."},
-    "token-classification": {"classifier.": "classifier."},
-    "multiple-choice": {"roberta.pooler.": "roberta.pooler.", "classifier.": "classifier."},
-}
-
-
-def _bert_as_roberta(
-    src, source_config, tokenizer, hub_kwargs, task: str = "qa"
-) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """A BERT-family checkpoint in the RoBERTa layout the model subclasses.
-
-    RoBERTa numbers positions from ``pad_token_id + 1``, BERT from 0, so the position table gets ``pad_token_id + 1``
-    leading zero rows: slot ``s`` of every window then reads BERT's row ``s``. ``[CLS]``/``[SEP]`` become the
-    bos/eos ids, so the ``[CLS] Q [SEP] C [SEP]`` template is found by its one separator. The ``task`` head's
-    weights the source has are mapped by `_BERT_HEADS` (``cls.predictions`` to ``lm_head`` for ``mlm``).
-
-    Returns:
-        (config values, state dict with ``roberta.*`` keys and the head's keys the source has).
-    """
-    import transformers
-    from transformers.utils import logging as hf_logging
-
-    if task == "mlm" and source_config.hidden_act != "gelu":
-        raise ValueError(f"{src}'s MLM head uses {source_config.hidden_act!r}; RoBERTa's LM head, which Cluster-Former "
-                         "uses, applies gelu, so its logits would differ.")
-    auto_class = getattr(transformers, HEAD_AUTO_CLASSES[TASK_CLASSES[task].__name__])
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # the head a plain encoder lacks is reported once, by the caller
-    try:
-        source, info = auto_class.from_pretrained(src, output_loading_info=True, **hub_kwargs)
-    finally:
-        hf_logging.set_verbosity(verbosity)
-    missing = {"roberta." + k[len("bert."):] if k.startswith("bert.") else k for k in info["missing_keys"]}
-    pad = source_config.pad_token_id if source_config.pad_token_id is not None else 0
-    cls_id = getattr(tokenizer, "cls_token_id", None) if tokenizer is not None else None
-    sep_id = getattr(tokenizer, "sep_token_id", None) if tokenizer is not None else None
-    values = {name: getattr(source_config, name) for name in _BERT_FIELDS}
-    values.update(
-        max_position_embeddings=source_config.max_position_embeddings + pad + 1,
-        pad_token_id=pad,
-        bos_token_id=cls_id if cls_id is not None else 101,
-        eos_token_id=sep_id if sep_id is not None else 102,
-        pair_token_types=source_config.type_vocab_size > 1,
-        id2label=source_config.id2label,  # a classification head's labels
-        problem_type=source_config.problem_type,
-        classifier_dropout=getattr(source_config, "classifier_dropout", None),
-    )
-    state = {}
-    for key, tensor in source.state_dict().items():
-        if key.startswith("bert."):
-            key = "roberta." + key[len("bert."):]
-        if key.endswith("embeddings.position_embeddings.weight"):
-            tensor = torch.cat([tensor.new_zeros(pad + 1, tensor.shape[1]), tensor])
-        head = [(old, new) for old, new in _BERT_HEADS[task].items() if key.startswith(old)]
-        if head and key not in missing:
-            state[head[0][1] + key[len(head[0][0]):]] = tensor
-        elif key.startswith("roberta.") and not key.endswith("position_ids") and not key.startswith("roberta.pooler."):
-            state[key] = tensor
-    return values, state
-
-
-def convert_checkpoint(
-    src: str | os.PathLike,
-    dst: str | os.PathLike,
-    *,
-    num_hidden_layers: int | None = None,
-    tokenizer: str | os.PathLike | None = None,
-    card_data: Mapping[str, Any] | None = None,
-    revision: str | None = None,
-    token: str | bool | None = None,
-    overwrite: bool = False,
-    seed: int = 0,
-    task: str = "qa",
-    **options: Any,
-) -> ConvertedCheckpoint:
-    """Turn a RoBERTa, BERT-family (BERT, MiniLM, bge, e5) or Cluster-Former checkpoint into a self-contained
-    Cluster-Former one.
-
-    Encoder weights (and a QA head when present) load 1:1 — BERT's into the RoBERTa layout (see `_bert_as_roberta`);
-    cluster layers get seeded random centroids (not fitted: train with centroid updates before relying on them) and a
-    new QA head is initialised when the source has none. The tokenizer is saved with the result.
-
-    Args:
-        src: Hub id or directory of a ``roberta``, ``bert`` or ``clusterformer`` checkpoint.
-        dst: output directory, written by `save_for_hub`.
-        num_hidden_layers: keep only the first this many encoder layers (a shallower, faster model).
-        tokenizer: where to load the tokenizer from (default ``src``; a missing tokenizer there is skipped with a
-            warning, one named here must load).
-        card_data: extra `make_model_card` arguments; ``base_model`` defaults to ``src`` when it is a Hub id.
-        revision, token: for loading ``src`` from the Hub.
-        overwrite: replace a model already in ``dst`` (see `save_for_hub`); without it such a folder is refused
-            with `ModelFolderExistsError` before anything is loaded.
-        seed: seeds every newly initialised weight (a new QA head), so that two conversions of one source give the
-            same checkpoint in any process. New weights are recorded as untrained in the config
-            (`hf_clusterformer.pipeline.mark_untrained`): the pipeline and ``clusterformer predict`` refuse them
-            until the model is trained.
-        task: the head to build, a key of `TASK_CLASSES`: ``qa`` (default), ``mlm``, ``sequence-classification``,
-            ``token-classification`` or ``multiple-choice``; a source's own head of that kind loads 1:1 (RoBERTa's by
-            name, BERT's mapped by `_BERT_HEADS`: ``cls.predictions`` to ``lm_head``).
-        options: the Cluster-Former options (`hf_clusterformer.configuration_clusterformer.model_options`:
-            ``layer_kinds``, ``cluster_layers``, ``num_clusters``, ``window_size``, ...); one left out or ``None``
-            keeps a Cluster-Former source's own value, else the config default (``cluster_layers``: the paper's
-            placement scaled to the depth).
-
-    Raises:
-        ValueError: ``src`` is not of a convertible type, or the options are invalid (e.g. windows that do not fit
-        the position table). TypeError: an option that is not a model option.
-    """
-    src = check_checkpoint_source(src, "src")
-    if task not in TASK_CLASSES:
-        raise ValueError(f"task must be one of {', '.join(TASK_CLASSES)}, got {task!r}.")
-    check_output_dir(dst, overwrite)
-    options = _conversion_options(options)
-    hub_kwargs = {"revision": revision, "token": token}
-    source = _convertible_config(src, hub_kwargs)
-    loaded_tokenizer = _conversion_tokenizer(src, tokenizer, hub_kwargs)
-    if num_hidden_layers is not None:
-        if not 0 < num_hidden_layers <= source.num_hidden_layers:
-            raise ValueError(
-                f"num_hidden_layers must be in [1, {source.num_hidden_layers}] (the layers of {src}), got {num_hidden_layers}."
-            )
-        options["num_hidden_layers"] = num_hidden_layers
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)  # new weights are drawn from the global generator
-        model, newly_initialized = _converted_model(src, source, loaded_tokenizer, options, hub_kwargs, task)
-    if newly_initialized:  # returned, and printed by the command line: logged once, at info level
-        logger.info("Newly initialised (not in %s): %s; fine-tune before use.", src, ", ".join(newly_initialized))
-    mark_untrained(model, sorted(set(newly_initialized) | set(untrained_weights(model))))  # a source's own too
-    card_kwargs = dict(card_data or {})
-    if not Path(src).exists() and "base_model" not in card_kwargs:
-        card_kwargs["base_model"] = str(src)
-    save_for_hub(model, loaded_tokenizer, dst, card_data=card_kwargs, overwrite=overwrite)
-    return ConvertedCheckpoint(Path(dst), model.config, newly_initialized, loaded_tokenizer is not None, source.model_type)
-
-
-def _conversion_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """The model options given to `convert_checkpoint` that set something (sequences as lists), checked by name."""
-    known = model_options()
-    unknown = sorted(set(options) - set(known))
-    if unknown:
-        raise TypeError(f"convert_checkpoint got unknown option(s) {unknown}; the model options are {', '.join(known)}.")
-    check_context_length(options.get("max_context_length"))
-    return {
-        name: list(value) if isinstance(value, (list, tuple)) else value
-        for name, value in options.items()
-        if value is not None
-    }
-
-
-def _convertible_config(src: str | os.PathLike, hub_kwargs: dict[str, Any]) -> PretrainedConfig:
-    """The config of ``src``; `ValueError` unless its type is one of `CONVERTIBLE_TYPES`."""
-    source = AutoConfig.from_pretrained(src, **hub_kwargs)
-    if source.model_type not in CONVERTIBLE_TYPES:
-        raise ValueError(
-            f"{src} is a {source.model_type!r} checkpoint; convertible types are {', '.join(CONVERTIBLE_TYPES)}."
-        )
-    return source
-
-
-def _conversion_tokenizer(
-    src: str | os.PathLike, tokenizer: str | os.PathLike | None, hub_kwargs: dict[str, Any]
-) -> PreTrainedTokenizerBase | None:
-    """The tokenizer of ``tokenizer`` (which must load) or else of ``src`` (``None``, with a warning, when it has none)."""
-    try:
-        return AutoTokenizer.from_pretrained(tokenizer if tokenizer is not None else src, **hub_kwargs)
-    except (OSError, ValueError, TypeError) as error:
-        if tokenizer is not None:
-            raise ValueError(f"Could not load the tokenizer from {tokenizer}: {error}") from error
-        logger.warning(f"No tokenizer loaded from {src} ({error}); the checkpoint is written without one.")
-        return None
-
-
-def _plain_values(source: PretrainedConfig) -> dict[str, Any]:
-    """A RoBERTa or Cluster-Former config's values without what names its file, class or code."""
-    dropped = ("model_type", "architectures", "auto_map", "custom_pipelines", "transformers_version", "_name_or_path")
-    return {k: v for k, v in source.to_dict().items() if k not in dropped}
-
-
-def _merged_config(values: Mapping[str, Any], options: Mapping[str, Any]) -> ClusterFormerConfig:
-    """A source's config values with the given model options over them; a Cluster-Former source's ``layer_kinds``
-    take the options' layer-kind shortcuts over them (`override_layer_kinds`)."""
-    kind_options = {k: v for k, v in options.items() if k in (*LAYER_KIND_SHORTCUTS, "layer_kinds")}
-    options = {k: v for k, v in options.items() if k not in kind_options}
-    if values.get("layer_kinds") is not None:
-        depth = options.get("num_hidden_layers", values.get("num_hidden_layers"))
-        values = {**values, "layer_kinds": override_layer_kinds(values["layer_kinds"], kind_options, depth)}
-        kind_options = {}
-    return ClusterFormerConfig(**{**values, **options, **kind_options})
-
-
-def _converted_model(src, source, tokenizer, options, hub_kwargs, task: str = "qa") -> tuple[PreTrainedModel, list[str]]:
-    """The Cluster-Former model of a source checkpoint with the ``task`` head (`TASK_CLASSES`), and the names of its
-    parameters the source lacks (the router buffers excluded)."""
-    model_class = TASK_CLASSES[task]
-    state = None
-    if source.model_type == "bert":
-        values, state = _bert_as_roberta(src, source, tokenizer, hub_kwargs, task)
-    else:
-        values = _plain_values(source)
-    config = _merged_config(values, options)
-    config.check_position_budget()
-    check_centroid_memory(config)
-    if state is None:
-        # centroids saved for another cluster layout start afresh (seeded, not fitted)
-        model, info = model_class.from_pretrained(
-            src, config=config, output_loading_info=True, ignore_mismatched_sizes=True, **hub_kwargs
-        )
-        mismatched = [key for key, *_ in info["mismatched_keys"]]
-        stray = [key for key in mismatched if ".router." not in key]
-        if stray:
-            raise ValueError(f"{src} has tensors of other shapes than its config: {', '.join(stray)}.")
-        for index, router in model.cluster_routers().items():
-            if any(key.startswith(f"roberta.encoder.layer.{index}.router.") for key in mismatched):
-                router.centroids.copy_(router.initial_centroids())
-                router.fitted.fill_(False)
-        missing = info["missing_keys"]
-    else:
-        model = model_class(config)
-        missing = model.load_state_dict(state, strict=False).missing_keys
-        tied = {target for target, _ in getattr(model, "all_tied_weights_keys", {}).items()}
-        missing = [key for key in missing if key not in tied]  # the MLM decoder: the word embeddings
-    routers = {f"roberta.encoder.layer.{i}.router." for i in config.global_layers}
-    return model, sorted(k for k in missing if not any(k.startswith(r) for r in routers))
-
-
-def load_qa_model(
-    path: str | os.PathLike, *, seed: int = 0, revision: str | None = None, token: str | bool | None = None,
-    **options: Any,
-) -> ClusterFormerForQuestionAnswering:
-    """A Cluster-Former QA model from a Cluster-Former, RoBERTa or BERT-family checkpoint, in memory.
-
-    A BERT-family checkpoint is mapped as `convert_checkpoint` maps it. Weights the checkpoint lacks (a QA head) are
-    drawn with ``seed`` and recorded as untrained (`hf_clusterformer.pipeline.mark_untrained`), so the pipeline
-    refuses them. ``options`` override config values (e.g. ``max_context_length``).
-    """
-    check_context_length(options.get("max_context_length"))
-    path = check_checkpoint_source(path)
-    hub_kwargs = {"revision": revision, "token": token}
-    source = AutoConfig.from_pretrained(path, **hub_kwargs)
-    if source.model_type not in CONVERTIBLE_TYPES:
-        raise ValueError(
-            f"{path} is a {source.model_type!r} checkpoint; Cluster-Former loads {', '.join(CONVERTIBLE_TYPES)}."
-        )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        if source.model_type == "bert":
-            try:
-                tokenizer = AutoTokenizer.from_pretrained(path, **hub_kwargs)
-            except (OSError, ValueError, TypeError):
-                tokenizer = None
-            model, new = _converted_model(path, source, tokenizer, options, hub_kwargs)
-        else:
-            check_centroid_memory(_merged_config(_plain_values(source), options))
-            model, info = ClusterFormerForQuestionAnswering.from_pretrained(
-                path, output_loading_info=True, **hub_kwargs, **options
-            )
-            new = [key for key in info["missing_keys"] if ".router." not in key]
-    mark_untrained(model, sorted(set(new) | set(untrained_weights(model))))
-    return model
 
 
 def push_model(
@@ -740,3 +392,4 @@ def push_model(
         revision=revision,
         create_pr=create_pr,
     )
+

@@ -1244,7 +1244,6 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
         Returns:
             `ClusterFormerModelOutput`.
         """
-        config = self.config
         options = self._forward_options(kwargs)
         layout, sizes, single = self._layout_batch(input_ids, inputs_embeds, attention_mask, options)
         length = (input_ids if input_ids is not None else inputs_embeds).shape[1]

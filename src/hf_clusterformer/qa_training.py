@@ -39,17 +39,8 @@ from .configuration_clusterformer import (
 from .data import build_longrange_tokenizer, build_tokenizer, load_longrange_dataset, load_multipassage_dataset
 from .data.longrange import squad_features
 from .features import misplaced_answers, postprocess_predictions, prepare_train_features, prepare_validation_features
-from .hub import (
-    RESULT_FILES,
-    check_centroid_memory,
-    check_context_length,
-    check_output_dir,
-    check_result_files,
-    holds_model,
-    load_qa_model,
-    write_checkpoint,
-    writing_model_dir,
-)
+from .conversion import check_centroid_memory, check_context_length, load_qa_model
+from .hub import RESULT_FILES, check_output_dir, check_result_files, holds_model, write_checkpoint, writing_model_dir
 from .metrics import load_squad_metric
 from .modelcard import run_card_data
 from .modeling_clusterformer import ClusterFormerForQuestionAnswering, locate_question_prefix

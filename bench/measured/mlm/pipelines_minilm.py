@@ -18,7 +18,7 @@ from transformers import pipeline
 
 import hf_clusterformer  # noqa: F401  (registers the heads with the Auto classes and pipelines)
 from hf_clusterformer.data.multipassage import default_squad_path, read_squad
-from hf_clusterformer.hub import convert_checkpoint
+from hf_clusterformer.conversion import convert_checkpoint
 from hf_clusterformer.pretrained import fetch_pretrained
 
 TASKS = {"mlm": "fill-mask", "sequence-classification": "text-classification",

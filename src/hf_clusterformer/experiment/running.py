@@ -24,7 +24,8 @@ import torch
 from ..centroid_updates import CentroidUpdater
 from ..data.longrange import generate_longrange_dataset
 from ..features import prepare_train_features, prepare_validation_features
-from ..hub import check_output_dir, convert_checkpoint, quiet_loading, save_for_hub
+from ..conversion import convert_checkpoint
+from ..hub import check_output_dir, quiet_loading, save_for_hub
 from ..modeling_clusterformer import ClusterFormerForQuestionAnswering
 from ..pipeline import rank_spans
 from .recipes import MAIN_VARIANTS, PRETRAINED_ORIGIN, VARIANT_LAYER_TYPE, VARIANT_OPTIONS, Preset, Stage

@@ -52,17 +52,13 @@ import torch
 
 from hf_clusterformer import CentroidUpdater, ClusterFormerForQuestionAnswering
 from hf_clusterformer.centroid_updates import CentroidUpdateSettings
+from hf_clusterformer.conversion import convert_checkpoint
 from hf_clusterformer.data.multipassage import SQUAD_PATH_ENV, read_squad
 from hf_clusterformer.features import postprocess_predictions, prepare_train_features, prepare_validation_features
 from hf_clusterformer.hub import quiet_loading
 from hf_clusterformer.metrics import compute_squad
 from hf_clusterformer.modeling_clusterformer import count_windows, locate_question_prefix
 from hf_clusterformer.pretrained import fetch_pretrained
-
-try:  # its home since the conversion code left hub.py
-    from hf_clusterformer.conversion import convert_checkpoint
-except ImportError:
-    from hf_clusterformer.hub import convert_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ("clusterformer", "sliding")

@@ -371,6 +371,47 @@ def _add_model_option_flags(convert: argparse.ArgumentParser) -> None:
     add_option_flags(options, model_options().values(), types={"max_context_length": _context_length})
 
 
+def _add_predict_and_inspect(commands: argparse._SubParsersAction) -> None:
+    """The ``predict`` and ``inspect`` subcommands: a model, a question and a context file."""
+    for name, text in (("predict", "answer a question over a long context file"),
+                       ("inspect", "show which tokens share a cluster (paper Table 6)")):
+        command = commands.add_parser(name, help=text)
+        command.add_argument("model", help="Cluster-Former QA checkpoint (directory or Hub id)")
+        command.add_argument("--question", required=True)
+        command.add_argument("--context-file", required=True, help="UTF-8 text file with the context (- reads it "
+                             "from standard input)")
+        command.add_argument("--max-context-length", type=_context_length, default=None,
+                             help="raise the checkpoint's context limit (tokens)")
+        if name == "predict":
+            command.add_argument("--top-k", type=_positive_int, default=1)
+            command.add_argument("--max-answer-length", type=_positive_int, default=30, help="in tokens")
+            command.add_argument("--device", default=None, help="e.g. cpu, cuda, cuda:1")
+            command.add_argument("--json", action="store_true", help="print JSON")
+            command.add_argument("--allow-untrained", action="store_true",
+                                 help="answer even with a QA head that was never trained (smoke tests)")
+        else:
+            command.add_argument("--layer", type=int, default=None, help="cluster layer index (default: the first)")
+            command.add_argument("--max-clusters", type=_positive_int, default=20)
+            command.add_argument("--plot", default=None,
+                                 help="write a plot of cluster id against position to this .png, .pdf or .svg file "
+                                      "(needs matplotlib)")
+            command.add_argument("--overwrite", action="store_true", help="replace an existing --plot file")
+
+
+def _add_export(commands: argparse._SubParsersAction) -> None:
+    """The ``export`` subcommand."""
+    export = commands.add_parser(
+        "export", help="export a checkpoint to ONNX or a torch.export program (dynamic batch and length)",
+        description="Trace MODEL_DIR once with torch.export; the file takes inputs of any batch size and length.",
+    )
+    export.add_argument("model", metavar="MODEL_DIR", help="Cluster-Former checkpoint (directory or Hub id)")
+    export.add_argument("out", metavar="OUT", help="file to write (e.g. model.onnx or model.pt2)")
+    export.add_argument("--format", choices=("onnx", "torch"), default="onnx",
+                        help="onnx (run with onnxruntime) or torch (load with torch.export.load); default: %(default)s")
+    export.add_argument("--allow-untrained", action="store_true", help="export a head that was never trained")
+    export.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
+
+
 def build_parser(model_options: bool = False) -> argparse.ArgumentParser:
     """The command's parser; ``convert`` gets its model option flags only with ``model_options`` (they load the
     library, which ``clusterformer --help`` and the other commands' usage errors do without)."""
@@ -403,30 +444,7 @@ def build_parser(model_options: bool = False) -> argparse.ArgumentParser:
         add_help=False,
     )
 
-    for name, text in (("predict", "answer a question over a long context file"),
-                       ("inspect", "show which tokens share a cluster (paper Table 6)")):
-        command = commands.add_parser(name, help=text)
-        command.add_argument("model", help="Cluster-Former QA checkpoint (directory or Hub id)")
-        command.add_argument("--question", required=True)
-        command.add_argument("--context-file", required=True, help="UTF-8 text file with the context (- reads it "
-                             "from standard input)")
-        command.add_argument("--max-context-length", type=_context_length, default=None,
-                             help="raise the checkpoint's context limit (tokens)")
-        if name == "predict":
-            command.add_argument("--top-k", type=_positive_int, default=1)
-            command.add_argument("--max-answer-length", type=_positive_int, default=30, help="in tokens")
-            command.add_argument("--device", default=None, help="e.g. cpu, cuda, cuda:1")
-            command.add_argument("--json", action="store_true", help="print JSON")
-            command.add_argument("--allow-untrained", action="store_true",
-                                 help="answer even with a QA head that was never trained (smoke tests)")
-        else:
-            command.add_argument("--layer", type=int, default=None, help="cluster layer index (default: the first)")
-            command.add_argument("--max-clusters", type=_positive_int, default=20)
-            command.add_argument("--plot", default=None,
-                                 help="write a plot of cluster id against position to this .png, .pdf or .svg file "
-                                      "(needs matplotlib)")
-            command.add_argument("--overwrite", action="store_true", help="replace an existing --plot file")
-
+    _add_predict_and_inspect(commands)
     convert = commands.add_parser(
         "convert",
         help="turn a RoBERTa, BERT-family or Cluster-Former checkpoint into a Cluster-Former one (and push it)",
@@ -444,17 +462,7 @@ def build_parser(model_options: bool = False) -> argparse.ArgumentParser:
     if model_options:
         _add_model_option_flags(convert)
 
-    export = commands.add_parser(
-        "export", help="export a checkpoint to ONNX or a torch.export program (dynamic batch and length)",
-        description="Trace MODEL_DIR once with torch.export; the file takes inputs of any batch size and length.",
-    )
-    export.add_argument("model", metavar="MODEL_DIR", help="Cluster-Former checkpoint (directory or Hub id)")
-    export.add_argument("out", metavar="OUT", help="file to write (e.g. model.onnx or model.pt2)")
-    export.add_argument("--format", choices=("onnx", "torch"), default="onnx",
-                        help="onnx (run with onnxruntime) or torch (load with torch.export.load); default: %(default)s")
-    export.add_argument("--allow-untrained", action="store_true", help="export a head that was never trained")
-    export.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
-
+    _add_export(commands)
     push = commands.add_parser("push", help="push a Cluster-Former checkpoint directory (weights, centroids, code, card)")
     push.add_argument("checkpoint")
     push.add_argument("repo_id")

@@ -264,40 +264,20 @@ def make_model_card(
         results_dataset = {"name": GENERATED_DATASETS.get(datasets[0], {}).get("name", datasets[0]), "type": datasets[0]}
     results = load_results(results, results_dataset) if results else []
     examples = [dict(example) for example in (widget if widget is not None else default_widget())]
-    question = examples[0].get("text", "Who wrote it?") if examples else "Who wrote it?"
     hub_datasets, training_data = _split_datasets(datasets, training_data)
     eval_results = _eval_results(results)
     data = ModelCardData(
-        library_name="transformers",
-        pipeline_tag="question-answering",
-        license=license,
-        language=language,
-        tags=list(dict.fromkeys([*_DEFAULT_TAGS, *tags])),
-        datasets=hub_datasets or None,
-        base_model=base_model,
-        model_name=name if eval_results else None,
-        eval_results=eval_results or None,
-        widget=examples,
+        library_name="transformers", pipeline_tag="question-answering", license=license, language=language,
+        tags=list(dict.fromkeys([*_DEFAULT_TAGS, *tags])), datasets=hub_datasets or None, base_model=base_model,
+        model_name=name if eval_results else None, eval_results=eval_results or None, widget=examples,
     )
     return ModelCard.from_template(
-        data,
-        template_path=str(TEMPLATE),
-        name=name,
-        description=(description or "").strip(),
-        config=config,
-        kinds=config.layer_kinds,
-        settings=_settings_rows(config, centroids_fitted),
-        centroid_fitting=(centroid_fitting or "").strip(),
-        results=_result_rows(results),
-        hub_datasets=hub_datasets,
-        training_data=(training_data or "").strip(),
-        repo=model_id or "path/to/checkpoint",
-        revision=revision or "main",
-        pinned=bool(revision),
-        question=json.dumps(question),
-        long_text=_snippet_text(examples),
-        citation=CITATION,
-        marker=GENERATED_MARK,
+        data, template_path=str(TEMPLATE), name=name, description=(description or "").strip(), config=config,
+        kinds=config.layer_kinds, settings=_settings_rows(config, centroids_fitted),
+        centroid_fitting=(centroid_fitting or "").strip(), results=_result_rows(results), hub_datasets=hub_datasets,
+        training_data=(training_data or "").strip(), repo=model_id or "path/to/checkpoint", revision=revision or "main",
+        pinned=bool(revision), question=json.dumps(examples[0].get("text", "Who wrote it?") if examples else "Who wrote it?"),
+        long_text=_snippet_text(examples), citation=CITATION, marker=GENERATED_MARK,
     )
 
 

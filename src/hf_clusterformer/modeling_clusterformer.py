@@ -1124,17 +1124,7 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
         reference = input_ids if input_ids is not None else inputs_embeds[..., 0]
         batch, length = reference.shape
         device = reference.device
-        if attention_mask is None:
-            if input_ids is not None and config.pad_token_id is not None:
-                attention_mask = input_ids.ne(config.pad_token_id)
-            else:
-                attention_mask = torch.ones(batch, length, dtype=torch.bool, device=device)
-        if attention_mask.shape != reference.shape:
-            raise ValueError(
-                f"attention_mask has shape {tuple(attention_mask.shape)} but the input has {tuple(reference.shape)}; "
-                "pass the attention_mask the tokenizer returned with these inputs."
-            )
-        mask = attention_mask.bool()
+        mask = self._real_tokens(input_ids, reference, attention_mask)
         lengths = mask.sum(dim=1)
         positions = torch.arange(length, device=device)
         starts = torch.where(mask, positions, length).min(dim=1).values.clamp(max=length - 1)
@@ -1160,16 +1150,40 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
             return None, None, prefix, lengths, starts, single
         last = (starts + lengths - 1).clamp(min=0).unsqueeze(1)
         context = lengths - prefix - torch.gather(is_sep, 1, last).squeeze(1).long()  # without the closing separator
+        prefixes, totals = self._read_back_and_check(input_ids, prefix, lengths, question, context, one_block, found)
+        return prefixes, totals, prefix, lengths, starts, single
+
+    def _real_tokens(
+        self, input_ids: torch.Tensor | None, reference: torch.Tensor, attention_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """(B, T) bool of the real tokens: the given mask, else the non-padding ids (every token for embeddings)."""
+        if attention_mask is None:
+            if input_ids is not None and self.config.pad_token_id is not None:
+                return input_ids.ne(self.config.pad_token_id)
+            return torch.ones(reference.shape, dtype=torch.bool, device=reference.device)
+        if attention_mask.shape != reference.shape:
+            raise ValueError(
+                f"attention_mask has shape {tuple(attention_mask.shape)} but the input has {tuple(reference.shape)}; "
+                "pass the attention_mask the tokenizer returned with these inputs."
+            )
+        return attention_mask.bool()
+
+    def _read_back_and_check(
+        self, input_ids: torch.Tensor | None, prefix: torch.Tensor, lengths: torch.Tensor, question: torch.Tensor,
+        context: torch.Tensor, one_block: torch.Tensor, found: torch.Tensor,
+    ) -> tuple[list[int], list[int]]:
+        """Read the (B,) row facts back in one transfer (with the id range of ``input_ids``) and check them (one line
+        naming the row and the fix): -> per example, the prefix and real lengths as Python ints."""
         stats = torch.stack([prefix, lengths, question, context, one_block.long(), found.long()])
         check_ids = input_ids is not None and input_ids.numel() > 0
         if check_ids:  # the id range comes back with the lengths: one read-back per forward
             bounds = torch.stack([input_ids.min(), input_ids.max()]).to(stats.dtype)
-            stats = torch.cat([stats, bounds.view(2, 1).expand(2, batch)])
+            stats = torch.cat([stats, bounds.view(2, 1).expand(2, prefix.shape[0])])
         stats = stats.tolist()
         if check_ids:
             self._check_token_ids(stats[6][0], stats[7][0])
         self._check_rows(*stats[1:6], "input_ids" if input_ids is not None else "inputs_embeds")
-        return stats[0], stats[1], prefix, lengths, starts, single
+        return stats[0], stats[1]
 
     def _check_inputs(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None) -> None:
         """One of (B, T) integer ``input_ids`` or (B, T, d) ``inputs_embeds``, else one line."""

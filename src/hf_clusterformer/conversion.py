@@ -181,25 +181,15 @@ def _bert_as_roberta(
 
 
 def convert_checkpoint(
-    src: str | os.PathLike,
-    dst: str | os.PathLike,
-    *,
-    num_hidden_layers: int | None = None,
-    tokenizer: str | os.PathLike | None = None,
-    card_data: Mapping[str, Any] | None = None,
-    revision: str | None = None,
-    token: str | bool | None = None,
-    overwrite: bool = False,
-    seed: int = 0,
-    task: str = "qa",
-    **options: Any,
+    src: str | os.PathLike, dst: str | os.PathLike, *, num_hidden_layers: int | None = None,
+    tokenizer: str | os.PathLike | None = None, card_data: Mapping[str, Any] | None = None, revision: str | None = None,
+    token: str | bool | None = None, overwrite: bool = False, seed: int = 0, task: str = "qa", **options: Any,
 ) -> ConvertedCheckpoint:
     """Turn a RoBERTa, BERT-family (BERT, MiniLM, bge, e5) or Cluster-Former checkpoint into a self-contained
     Cluster-Former one.
 
-    Encoder weights (and a QA head when present) load 1:1 — BERT's into the RoBERTa layout (see `_bert_as_roberta`);
-    cluster layers get seeded random centroids (not fitted: train with centroid updates before relying on them) and a
-    new QA head is initialised when the source has none. The tokenizer is saved with the result.
+    Encoder weights (and the head when present) load 1:1, BERT's into the RoBERTa layout (`_bert_as_roberta`); cluster
+    layers get seeded, unfitted centroids; a head the source lacks is new. The tokenizer is saved with the result.
 
     Args:
         src: Hub id or directory of a ``roberta``, ``bert`` or ``clusterformer`` checkpoint.
@@ -211,10 +201,9 @@ def convert_checkpoint(
         revision, token: for loading ``src`` from the Hub.
         overwrite: replace a model already in ``dst`` (see `save_for_hub`); without it such a folder is refused
             with `ModelFolderExistsError` before anything is loaded.
-        seed: seeds every newly initialised weight (a new QA head), so that two conversions of one source give the
-            same checkpoint in any process. New weights are recorded as untrained in the config
-            (`hf_clusterformer.pipeline.mark_untrained`): the pipeline and ``clusterformer predict`` refuse them
-            until the model is trained.
+        seed: seeds every new weight (a new QA head): two conversions of one source give the same checkpoint. New
+            weights are recorded as untrained (`hf_clusterformer.pipeline.mark_untrained`), which the pipeline and
+            ``clusterformer predict`` refuse until the model is trained.
         task: the head to build, a key of `TASK_CLASSES`: ``qa`` (default), ``mlm``, ``sequence-classification``,
             ``token-classification`` or ``multiple-choice``; a source's own head of that kind loads 1:1 (RoBERTa's by
             name, BERT's mapped by `_BERT_HEADS`: ``cls.predictions`` to ``lm_head``).
@@ -224,8 +213,7 @@ def convert_checkpoint(
             placement scaled to the depth).
 
     Raises:
-        ValueError: ``src`` is not of a convertible type, or the options are invalid (e.g. windows that do not fit
-        the position table). TypeError: an option that is not a model option.
+        ValueError: ``src`` is not convertible, or the options are invalid. TypeError: not a model option.
     """
     src = check_checkpoint_source(src, "src")
     if task not in TASK_CLASSES:
@@ -234,13 +222,8 @@ def convert_checkpoint(
     options = _conversion_options(options)
     hub_kwargs = {"revision": revision, "token": token}
     source = _convertible_config(src, hub_kwargs)
+    options.update(_kept_depth(num_hidden_layers, source, src))
     loaded_tokenizer = _conversion_tokenizer(src, tokenizer, hub_kwargs)
-    if num_hidden_layers is not None:
-        if not 0 < num_hidden_layers <= source.num_hidden_layers:
-            raise ValueError(
-                f"num_hidden_layers must be in [1, {source.num_hidden_layers}] (the layers of {src}), got {num_hidden_layers}."
-            )
-        options["num_hidden_layers"] = num_hidden_layers
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)  # new weights are drawn from the global generator
         model, newly_initialized = _converted_model(src, source, loaded_tokenizer, options, hub_kwargs, task)
@@ -261,11 +244,18 @@ def _conversion_options(options: Mapping[str, Any]) -> dict[str, Any]:
     if unknown:
         raise TypeError(f"convert_checkpoint got unknown option(s) {unknown}; the model options are {', '.join(known)}.")
     check_context_length(options.get("max_context_length"))
-    return {
-        name: list(value) if isinstance(value, (list, tuple)) else value
-        for name, value in options.items()
-        if value is not None
-    }
+    return {name: list(value) if isinstance(value, (list, tuple)) else value
+            for name, value in options.items() if value is not None}
+
+
+def _kept_depth(num_hidden_layers: int | None, source: PretrainedConfig, src: str | os.PathLike) -> dict[str, int]:
+    """``{"num_hidden_layers": n}`` when a depth is asked for (at most the source's), else nothing."""
+    if num_hidden_layers is None:
+        return {}
+    if not 0 < num_hidden_layers <= source.num_hidden_layers:
+        raise ValueError(f"num_hidden_layers must be in [1, {source.num_hidden_layers}] (the layers of {src}), got "
+                         f"{num_hidden_layers}.")
+    return {"num_hidden_layers": num_hidden_layers}
 
 
 def _convertible_config(src: str | os.PathLike, hub_kwargs: dict[str, Any]) -> PretrainedConfig:

@@ -244,28 +244,22 @@ def postprocess_predictions(
 ) -> dict[str, Any]:
     """Turn start/end logits into answer texts, keyed by example id.
 
-    ``features`` carry ``example_id`` and ``offset_mapping`` as made by
-    :func:`prepare_validation_features`; ``start_logits``/``end_logits`` hold one row per
-    feature as numpy arrays or CPU tensors (padding beyond a feature's length is ignored).
-    Spans lie inside the context and are ranked exactly as the pipeline ranks them
-    (`hf_clusterformer.pipeline.rank_spans`: a softmax over every span of at most
-    ``max_answer_length`` tokens); the most probable span over all features of an example wins. Examples without context
-    tokens get ``""``. With ``return_details`` the values are dicts
-    ``{"text", "start", "end", "score"}`` (character offsets into the context).
+    ``features`` carry ``example_id`` and ``offset_mapping`` as made by `prepare_validation_features`;
+    ``start_logits``/``end_logits`` hold one row per feature as numpy arrays or CPU tensors (padding beyond a
+    feature's length is ignored). Spans lie inside the context and are ranked as the pipeline ranks them
+    (`hf_clusterformer.pipeline.rank_spans`: a softmax over every span of at most ``max_answer_length`` tokens); the
+    most probable span over all features of an example wins. Examples without context tokens get ``""``. With
+    ``return_details`` the values are dicts ``{"text", "start", "end", "score"}`` (character offsets into the context).
     """
     if len(start_logits) != len(end_logits):
-        raise ValueError(
-            f"{len(start_logits)} start logit rows but {len(end_logits)} end logit rows"
-        )
+        raise ValueError(f"{len(start_logits)} start logit rows but {len(end_logits)} end logit rows")
     ids, contexts = _get_columns(examples, [id_column, context_column])
     feature_ids, offset_mappings = _get_columns(features, ["example_id", "offset_mapping"])
     if len(feature_ids) != len(start_logits):
         raise ValueError(f"{len(feature_ids)} features but {len(start_logits)} logit rows")
     context_of = dict(zip(map(str, ids), contexts))
     best: dict[str, dict[str, Any]] = {}
-    for feature_id, offsets, starts, ends in zip(
-        map(str, feature_ids), offset_mappings, start_logits, end_logits
-    ):
+    for feature_id, offsets, starts, ends in zip(map(str, feature_ids), offset_mappings, start_logits, end_logits):
         if feature_id not in context_of:
             raise ValueError(f"feature refers to unknown example id {feature_id!r}")
         n = min(len(offsets), len(starts), len(ends))

@@ -460,17 +460,9 @@ def _cluster_sizes(x: torch.Tensor, centroids: torch.Tensor, group: Any | None) 
 
 @torch.no_grad()
 def spherical_kmeans(
-    states: torch.Tensor,
-    num_clusters: int,
-    *,
-    num_iters: int = 20,
-    seed: int = 0,
-    init: torch.Tensor | None = None,
-    backend: str = "auto",
-    process_group: Any | None = None,
-    max_points_per_centroid: int | None = None,
-    init_sample_size: int | None = None,
-    order: bool = True,
+    states: torch.Tensor, num_clusters: int, *, num_iters: int = 20, seed: int = 0, init: torch.Tensor | None = None,
+    backend: str = "auto", process_group: Any | None = None, max_points_per_centroid: int | None = None,
+    init_sample_size: int | None = None, order: bool = True,
 ) -> KMeansResult:
     """Cosine K-Means of ``states`` into ``num_clusters`` unit centroids, then the paper's GetCentroids ordering.
 
@@ -487,10 +479,10 @@ def spherical_kmeans(
             distributed Lloyd (only per-cluster sums and counts are all-reduced); the faiss backends cluster the
             first rank's states. Every rank must call, and every rank gets bit-identical centroids (the first
             rank's are broadcast at the end).
-        max_points_per_centroid: if set, Lloyd runs on a random subset of at most ``k * max_points_per_centroid``
-            rows (faiss' sampling rule); statistics still cover all rows.
-        init_sample_size: rows k-means++ draws from (default ``min(n, max(k, min(max(8 k, 4096), 8192)))``; it
-            builds their (m, m) Gram matrix).
+        max_points_per_centroid: Lloyd on a random subset of at most ``k * max_points_per_centroid`` rows (faiss'
+            rule); statistics cover all rows.
+        init_sample_size: rows k-means++ draws from, whose (m, m) Gram matrix it builds (default
+            ``min(n, max(k, min(max(8 k, 4096), 8192)))``).
         order: apply `order_centroids_greedy` to the result.
 
     Returns:
@@ -508,18 +500,15 @@ def spherical_kmeans(
     name = resolve_backend(backend, states.device, distributed=process_group is not None)
     counts = _all_gather_counts(x.shape[0], process_group, states.device)
     _check_enough_states(k, counts, name, process_group)
-    if init is not None:
-        init = _warm_start(init, k, x, process_group)
+    init = _warm_start(init, k, x, process_group) if init is not None else None
     fit = _lloyd_subset(x, k, sum(counts), max_points_per_centroid, seed)
     if init is None:
-        sample = init_sample_size or max(k, min(max(8 * k, 4096), 8192))
-        init = _init_centroids(x, k, counts, sample, seed, process_group)
+        init = _init_centroids(x, k, counts, init_sample_size or max(k, min(max(8 * k, 4096), 8192)), seed, process_group)
     centroids, iterations = _run_backend(name, fit, init, num_iters, seed, process_group)
     if order:
         centroids = order_centroids_greedy(centroids)
     centroids = _broadcast(centroids.contiguous(), process_group)
     sizes, objective = _cluster_sizes(x, centroids, process_group)
-    stats = ClusterStats.from_counts(
-        sizes, objective, num_iters=iterations, seconds=time.perf_counter() - start, backend=name
-    )
+    stats = ClusterStats.from_counts(sizes, objective, num_iters=iterations, seconds=time.perf_counter() - start,
+                                     backend=name)
     return KMeansResult(centroids=centroids, counts=sizes, stats=stats)

@@ -215,21 +215,12 @@ def _config(config: ClusterFormerConfig | Mapping | str | os.PathLike) -> Cluste
 
 
 def make_model_card(
-    config: ClusterFormerConfig | Mapping | str | os.PathLike,
-    *,
-    model_id: str | None = None,
-    base_model: str | None = None,
-    datasets: Sequence[str] = (),
-    training_data: str | None = None,
+    config: ClusterFormerConfig | Mapping | str | os.PathLike, *, model_id: str | None = None,
+    base_model: str | None = None, datasets: Sequence[str] = (), training_data: str | None = None,
     results: Sequence[Mapping] | Mapping | str | os.PathLike | None = None,
-    results_dataset: Mapping[str, str] | None = None,
-    centroids_fitted: Mapping[int, bool] | None = None,
-    centroid_fitting: str | None = None,
-    widget: Sequence[Mapping[str, str]] | None = None,
-    license: str = "apache-2.0",
-    language: str | Sequence[str] | None = "en",
-    tags: Sequence[str] = (),
-    description: str | None = None,
+    results_dataset: Mapping[str, str] | None = None, centroids_fitted: Mapping[int, bool] | None = None,
+    centroid_fitting: str | None = None, widget: Sequence[Mapping[str, str]] | None = None, license: str = "apache-2.0",
+    language: str | Sequence[str] | None = "en", tags: Sequence[str] = (), description: str | None = None,
     revision: str | None = None,
 ) -> ModelCard:
     """Build the README.md of a Cluster-Former checkpoint.
@@ -251,12 +242,11 @@ def make_model_card(
         license, language, tags: metadata; tags are added to the Cluster-Former defaults.
         description: an opening paragraph.
         revision: the Hub commit (or tag) the remote-code snippets pin with ``revision=``; default ``"main"``, with a
-            note to replace it by the commit a user tested (`hub.push_model` returns it, ``clusterformer push``
-            prints it).
+            note to pin the tested commit (`hub.push_model` returns it, ``clusterformer push`` prints it).
 
     Returns:
-        A `ModelCard` with YAML metadata (``library_name: transformers``, ``pipeline_tag: question-answering``,
-        model-index when there are results) and a body describing the cluster configuration and usage.
+        A `ModelCard`: YAML metadata (transformers, question-answering, model-index when there are results) and a
+        body on the cluster configuration and usage.
     """
     config = _config(config)
     name = model_id.split("/")[-1] if model_id else "clusterformer-qa"

@@ -406,8 +406,9 @@ def _add_export(commands: argparse._SubParsersAction) -> None:
     )
     export.add_argument("model", metavar="MODEL_DIR", help="Cluster-Former checkpoint (directory or Hub id)")
     export.add_argument("out", metavar="OUT", help="file to write (e.g. model.onnx or model.pt2)")
-    export.add_argument("--format", choices=("onnx", "torch"), default="onnx",
-                        help="onnx (run with onnxruntime) or torch (load with torch.export.load); default: %(default)s")
+    export.add_argument("--format", choices=("onnx", "torch"), default=None,
+                        help="onnx (run with onnxruntime) or torch (load with torch.export.load); default: by OUT's "
+                             "suffix (.onnx, .pt2), ONNX for any other")
     export.add_argument("--allow-untrained", action="store_true", help="export a head that was never trained")
     export.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
 

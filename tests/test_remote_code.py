@@ -25,10 +25,10 @@ import hf_clusterformer
 from hf_clusterformer import ClusterFormerForQuestionAnswering
 from hf_clusterformer.centroid_updates import CentroidUpdater
 from hf_clusterformer.data.tokenizer import build_tokenizer
+from hf_clusterformer.conversion import convert_checkpoint
 from hf_clusterformer.hub import (
     CODE_FILES,
     check_hub_checkpoint,
-    convert_checkpoint,
     hub_auto_map,
     hub_code_imports,
     push_model,

@@ -496,3 +496,37 @@ def test_import_loads_only_what_registration_needs():
         "hf_clusterformer.configuration_clusterformer", "hf_clusterformer.modeling_clusterformer",
         "hf_clusterformer.pipeline",
     ]
+
+
+# -- export: files that say what they hold, and never inside a model's own files --------------------------------------
+
+
+def test_export_refuses_to_write_over_a_models_own_files_even_with_overwrite(tmp_path):
+    """Row: ``export M M/model.safetensors --overwrite`` replaced the weights with ONNX bytes."""
+    from hf_clusterformer.export import ExportError, export_model
+
+    model_dir = tmp_path / "model"
+    ClusterFormerForQuestionAnswering(tiny_config()).save_pretrained(model_dir)
+    before = {name: (model_dir / name).read_bytes() for name in ("model.safetensors", "config.json")}
+    for name in before:
+        with pytest.raises(ExportError, match=f"{name} is one of the files of the model in .*model.onnx"):
+            export_model(model_dir, model_dir / name, overwrite=True)
+    assert {name: (model_dir / name).read_bytes() for name in before} == before
+
+
+def test_export_format_follows_the_suffix_and_a_mismatch_is_refused(tmp_path, capsys):
+    """Row: ``export X.pt2`` without ``--format`` wrote ONNX into ``X.pt2`` (and ``--format torch`` into ``.onnx``)."""
+    from hf_clusterformer.export import ExportError, export_format, export_model
+
+    assert (export_format("a.pt2"), export_format("a.ONNX"), export_format("a.bin")) == ("torch", "onnx", "onnx")
+    with pytest.raises(ExportError, match=r"a\.onnx ends in \.onnx.*format is torch; name the file a\.pt2"):
+        export_model(tmp_path / "nothing", tmp_path / "a.onnx", "torch")
+    assert not (tmp_path / "a.onnx").exists()
+    model_dir = tmp_path / "model"
+    torch.manual_seed(0)
+    ClusterFormerForQuestionAnswering(tiny_config()).save_pretrained(model_dir)
+    assert main(["export", str(model_dir), str(tmp_path / "b.pt2"), "--format", "onnx"]) == 2
+    assert "b.pt2 ends in .pt2" in capsys.readouterr().err and not (tmp_path / "b.pt2").exists()
+    assert main(["export", str(model_dir), str(tmp_path / "program.pt2")]) == 0
+    program = torch.export.load(str(tmp_path / "program.pt2"))  # a torch.export program, not ONNX bytes
+    assert isinstance(program, torch.export.ExportedProgram)

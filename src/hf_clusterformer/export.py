@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from hf_clusterformer_files import holds_model, owned_by_model
+
 from .modeling_clusterformer import (
     BatchSizes,
     ClusterFormerForMaskedLM,
@@ -35,11 +37,14 @@ from .modeling_clusterformer import (
 )
 from .pipeline import check_checkpoint_source, untrained_weights
 
-__all__ = ["EXPORT_CLASSES", "FORMATS", "ExportError", "ExportedHead", "export_model", "export_program",
+__all__ = ["EXPORT_CLASSES", "FORMATS", "FORMAT_SUFFIXES", "ExportError", "ExportedHead", "export_format", "export_model",
+           "export_program",
            "example_inputs", "load_for_export", "output_names", "write_program"]
 
 #: What `export_model` writes: an ONNX file, or a `torch.export` program.
 FORMATS = ("onnx", "torch")
+#: The file suffix of each format (the format of a file named without one is taken from it).
+FORMAT_SUFFIXES = {"onnx": ".onnx", "torch": ".pt2"}
 
 #: The classes that export (multiple choice takes (B, C, T) inputs and is left out).
 EXPORT_CLASSES = {cls.__name__: cls for cls in (
@@ -146,7 +151,7 @@ def load_for_export(path: str | os.PathLike) -> ClusterFormerPreTrainedModel:
 def export_model(
     model: ClusterFormerPreTrainedModel | str | os.PathLike,
     out: str | os.PathLike,
-    format: str = "onnx",
+    format: str | None = None,
     *,
     allow_untrained: bool = False,
     length: int | None = None,
@@ -158,7 +163,8 @@ def export_model(
         model: a Cluster-Former model (QA, sequence or token classification, masked LM, or the base model) or where
             to load one from (`load_for_export`).
         out: the file to write.
-        format: ``"onnx"`` (the dynamo exporter; run it with onnxruntime) or ``"torch"`` (`torch.export.save`).
+        format: ``"onnx"`` (the dynamo exporter; run it with onnxruntime) or ``"torch"`` (`torch.export.save`);
+            default: by the suffix of ``out`` (``.onnx``, ``.pt2``; ONNX for any other), which must agree with it.
         allow_untrained: export a head whose weights were never trained (their outputs are random).
         length: the input length to trace at (any; the program takes every length).
         overwrite: replace an existing ``out``.
@@ -166,11 +172,13 @@ def export_model(
     Returns:
         The path written. Raises `ExportError` (one line) on bad input.
     """
-    if format not in FORMATS:
-        raise ExportError(f"unknown export format {format!r}; use one of {', '.join(FORMATS)}.")
     out = Path(out)
+    format = export_format(out, format)
     if out.is_dir():
-        raise ExportError(f"{out} is a folder; give the file to write, e.g. {out / ('model.' + ('onnx' if format == 'onnx' else 'pt2'))}.")
+        raise ExportError(f"{out} is a folder; give the file to write, e.g. {out / ('model' + FORMAT_SUFFIXES[format])}.")
+    if holds_model(out.parent) and owned_by_model(out.name):
+        raise ExportError(f"{out} is one of the files of the model in {out.parent}, which an export must not replace; "
+                          f"write it to another name, e.g. {out.parent / ('model' + FORMAT_SUFFIXES[format])}.")
     if out.exists() and not overwrite:
         raise ExportError(f"{out} exists; pass overwrite=True (--overwrite) to replace it.")
     if format == "onnx":
@@ -185,6 +193,21 @@ def export_model(
         raise ExportError(f"the model's {', '.join(untrained)} were never trained, so its outputs are random; train it "
                           "first, or pass allow_untrained=True (--allow-untrained) to export it anyway.")
     return write_program(export_program(model, length), out, format, output_names(model))
+
+
+def export_format(out: str | os.PathLike, format: str | None = None) -> str:
+    """The format to write ``out`` in: ``format``, or by the suffix of ``out`` (`FORMAT_SUFFIXES`; ONNX for any other
+    suffix); `ExportError` when a known suffix names the other format."""
+    if format is not None and format not in FORMATS:
+        raise ExportError(f"unknown export format {format!r}; use one of {', '.join(FORMATS)}.")
+    suffix = Path(out).suffix.lower()
+    by_suffix = {ending: name for name, ending in FORMAT_SUFFIXES.items()}.get(suffix)
+    if format is None:
+        return by_suffix or "onnx"
+    if by_suffix is not None and by_suffix != format:
+        raise ExportError(f"{out} ends in {suffix}, the suffix of {by_suffix} files, but the format is {format}; name "
+                          f"the file {Path(out).with_suffix(FORMAT_SUFFIXES[format]).name} or leave the format out.")
+    return format
 
 
 def write_program(

@@ -247,8 +247,8 @@ def test_convert_roberta_checkpoint(roberta_qa, workdir, capsys):
         f"wrote {again} from a clusterformer checkpoint (layers ['sliding', 'cluster'], 2 clusters, windows 32/24)"
     )
 
-    retyped = workdir / "retyped"  # layer types replace a Cluster-Former source's placement
-    assert main(["convert", str(target), str(retyped), "--layer-types", "sliding", "lsh", "--no-use-answerability-head"]) == 0
+    retyped = workdir / "retyped"  # layer kinds replace a Cluster-Former source's placement
+    assert main(["convert", str(target), str(retyped), "--layer-kinds", "sliding", "lsh", "--no-use-answerability-head"]) == 0
     assert "(layers ['sliding', 'lsh'], 4 clusters" in capsys.readouterr().out
 
     converted = AutoModelForQuestionAnswering.from_pretrained(target)
@@ -525,18 +525,21 @@ def test_convert_missing_source(workdir, capsys):
     assert capsys.readouterr().err.strip() == f"clusterformer: error: source directory {workdir / 'nothing'} does not exist."
 
 
-def test_model_options_are_the_configs_fields_with_its_documented_defaults(capsys):
-    """One table of model options (`model_options`): every field `ClusterFormerConfig` adds, its default as the
-    docstring states it; ``convert`` has a flag for each, its help naming the config's default."""
+def test_model_options_are_the_configs_fields_and_the_layer_kind_shortcuts(capsys):
+    """One table of model options (`model_options`): every field `ClusterFormerConfig` adds, with the field's default
+    and help (its metadata: no docstring parsing), plus the two constructor shortcuts of ``layer_kinds``; ``convert``
+    has a flag for each, its help naming the config's default."""
     from dataclasses import fields
 
-    from hf_clusterformer.configuration_clusterformer import model_options
+    from hf_clusterformer.configuration_clusterformer import LAYER_KIND_SHORTCUTS, model_options
 
     options = model_options()
     added = {f.name for f in fields(ClusterFormerConfig)} - {f.name for f in fields(RobertaConfig)}
-    assert set(options) == added
-    documented = dict(re.findall(r"^    (\w+) \(.*?defaults to `{0,2}([^`)]+)`{0,2}\)", ClusterFormerConfig.__doc__, re.M))
-    assert len(documented) == 10 and all(str(options[name].default).strip('"') == text.strip('"') for name, text in documented.items())
+    assert set(options) == added | {"cluster_layers", "global_layer_type"}
+    assert set(options) - added <= set(LAYER_KIND_SHORTCUTS)
+    defaults = {f.name: f.default for f in fields(ClusterFormerConfig)}
+    assert all(options[name].default == defaults[name] for name in added)
+    assert all(options[name].help == f.metadata["help"] for f in fields(ClusterFormerConfig) if (name := f.name) in added)
     assert all(option.help and "``" not in option.help for option in options.values())
     with pytest.raises(SystemExit):
         main(["convert", "--help"])

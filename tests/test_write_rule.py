@@ -530,3 +530,44 @@ def test_export_format_follows_the_suffix_and_a_mismatch_is_refused(tmp_path, ca
     assert main(["export", str(model_dir), str(tmp_path / "program.pt2")]) == 0
     program = torch.export.load(str(tmp_path / "program.pt2"))  # a torch.export program, not ONNX bytes
     assert isinstance(program, torch.export.ExportedProgram)
+
+
+# -- a README of the user's, and a generated card the user edited -----------------------------------------------------
+
+
+def test_a_hand_written_readme_is_never_replaced_by_a_models_card_without_overwrite(tmp_path):
+    """Row: ``train``, ``convert``, ``save_for_hub`` and run_qa into a folder holding only the user's README.md put the
+    model's card in its place."""
+    model = ClusterFormerForQuestionAnswering(tiny_config())
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "README.md").write_text("# my notes\n", encoding="utf-8")
+    with pytest.raises(ModelFolderExistsError, match="README.md of yours.*overwrite=True"):
+        save_for_hub(model, None, folder)
+    assert (folder / "README.md").read_text(encoding="utf-8") == "# my notes\n" and not (folder / "config.json").exists()
+    save_for_hub(model, None, folder, overwrite=True)  # asked for: the card replaces it
+    assert "# my notes" not in (folder / "README.md").read_text(encoding="utf-8")
+    fresh = tmp_path / "fresh"  # a generated card left in a folder without a model is a card, not the user's
+    fresh.mkdir()
+    (fresh / "README.md").write_text((folder / "README.md").read_text(encoding="utf-8"), encoding="utf-8")
+    save_for_hub(model, None, fresh)
+
+
+def test_a_generated_card_that_was_edited_is_kept_unless_overwrite(tmp_path, capsys):
+    """Row: running ``card`` again wiped a changed license and an added section (the only warning a comment)."""
+    from hf_clusterformer_files import card_state
+
+    model_dir = tmp_path / "model"
+    save_for_hub(ClusterFormerForQuestionAnswering(tiny_config()), None, model_dir)
+    card = (model_dir / "README.md").read_text(encoding="utf-8")
+    assert card_state(card) == "generated"
+    assert main(["card", str(model_dir)]) == 0  # unedited: regenerated freely
+    capsys.readouterr()
+    edited = card.replace("license: apache-2.0", "license: mit") + "\n## My section\n"
+    (model_dir / "README.md").write_text(edited, encoding="utf-8")
+    assert card_state(edited) == "edited"
+    assert main(["card", str(model_dir)]) == 2
+    assert "edited since" in capsys.readouterr().err
+    assert (model_dir / "README.md").read_text(encoding="utf-8") == edited
+    assert main(["card", str(model_dir), "--overwrite"]) == 0
+    assert "## My section" not in (model_dir / "README.md").read_text(encoding="utf-8")

@@ -38,6 +38,7 @@ from hf_clusterformer_files import (
     default_mode,
     holds_model,
     owned_by_model,
+    stamp_card,
     writing_model_dir,
 )
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -263,7 +264,7 @@ def write_checkpoint(
         card = make_model_card(config, **{"centroids_fitted": fitted, **dict(card_data or {})})
     elif card_data:
         raise ValueError("Give either card or card_data, not both.")
-    (save_dir / "README.md").write_text(str(card), encoding="utf-8")
+    (save_dir / "README.md").write_text(stamp_card(str(card)), encoding="utf-8")
     problems = check_hub_checkpoint(save_dir, hub_files(save_dir)[0])
     if problems:
         raise ValueError(f"{save_dir} is not a self-contained checkpoint: " + "; ".join(problems))

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import torch
 
+from clusterformer_research.longrange import generate_longrange_dataset
 from hf_clusterformer import CentroidUpdater, ClusterFormerForQuestionAnswering
 from hf_clusterformer.centroid_updates import CentroidUpdateSettings
-from hf_clusterformer.data.longrange import generate_longrange_dataset
 from hf_clusterformer.features import prepare_train_features, prepare_validation_features
 from hf_clusterformer.hub import convert_checkpoint, quiet_loading
 from hf_clusterformer.pipeline import rank_spans

@@ -2,8 +2,9 @@
 
 Importing the package registers the ``clusterformer`` config and models with the transformers Auto classes, and
 changes nothing else in transformers. The long-context ``question-answering`` pipeline is registered only on request:
-`pipeline` (``hf_clusterformer.pipeline(model=...)``) builds one directly, and `register_pipeline` puts it under
-``transformers.pipeline("question-answering", ...)`` (`hf_clusterformer.pipeline` says what that changes).
+`register_pipeline` puts it under ``transformers.pipeline("question-answering", ...)`` for the rest of the process
+(the docstring of the ``pipeline`` module says what that changes), and the function `pipeline`
+(``hf_clusterformer.pipeline(model=...)``) registers it and builds one.
 
 Training-only parts (the `Trainer` callback, the centroid updater) and the Hub functions load on first use, so that
 inference never imports them.

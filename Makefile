@@ -1,4 +1,6 @@
 # Two commands set everything up on a fresh machine: `make demo` and `make test`.
+# The install step puts the library (src/) and then the research package (research/: the synthetic long-range data
+# and the fine-tuning experiments, which the demo, the studies and their tests use) into the virtualenv.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -8,10 +10,11 @@ STAMP := $(VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): setup.cfg constraints.txt pyproject.toml
+$(STAMP): setup.cfg constraints.txt pyproject.toml research/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c constraints.txt -e ".[test,plot,onnx]"
+	$(PY) -m pip install --quiet -c constraints.txt -e research
 	touch $(STAMP)
 
 demo: install
@@ -39,4 +42,4 @@ bench: install
 	$(PY) bench/bench_export.py
 
 clean:
-	rm -rf $(VENV) outputs build src/*.egg-info
+	rm -rf $(VENV) outputs build src/*.egg-info research/build research/src/*.egg-info

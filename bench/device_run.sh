@@ -10,14 +10,14 @@
 #   bash bench/device_run.sh [OUT_DIR]          # on the GPU machine
 #   SIZE=tiny bash bench/device_run.sh /tmp/t   # the same steps at tiny sizes, on CPU, in about a minute
 #
-# Needs torch and transformers (no faiss, no datasets, no network): the package is used from src/ and the MiniLM
-# weights from $PRETRAINED (default .cache/minilm, written by `python -m hf_clusterformer.pretrained --pack
+# Needs torch and transformers (no faiss, no datasets, no network): the library is used from src/, the research
+# package (the reproduction's recipes and data) from research/src/, and the MiniLM weights from $PRETRAINED (default .cache/minilm, written by `python -m hf_clusterformer.pretrained --pack
 # .cache/minilm`; hash-checked before use).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-${OUT:-bench/results/device}}"
 mkdir -p "$out"
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD/src:$PWD/research/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error
 python=${PYTHON:-python3}
 pretrained="${PRETRAINED:-.cache/minilm}"

@@ -12,7 +12,7 @@ LSH and sparse layers in place of the cluster layer), with the same data, seeds 
 
 It evaluates exact match on ``twin`` (one-hop, far), ``longrange`` (two-hop, far) and ``local`` (the control), and how
 often the two mentions of the twin answer share a chunk in the cluster layer, and writes ``results.md``,
-``results.json`` and ``results.png`` under ``--output_dir``. The recipes live in `hf_clusterformer.experiment`:
+``results.json`` and ``results.png`` under ``--output_dir``. The recipes live in `clusterformer_research.experiment`:
 ``smoke`` (seconds, a tiny random BERT, for the test suite), ``demo`` (what ``make demo`` runs), ``cpu`` (under an
 hour on 2 cores) and ``gpu`` (at most 8 minutes on one H100/H200; bf16 autocast, torch K-Means on the GPU). No network
 is needed when the weights are cached (``--pretrained DIR``: a `fetch_pretrained` folder or a `pack_pretrained` copy).
@@ -23,8 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from clusterformer_research.experiment import PRESETS, VARIANTS, Stage, compare, make_preset
 from hf_clusterformer.centroid_updates import CentroidUpdateSettings
-from hf_clusterformer.experiment import PRESETS, VARIANTS, Stage, compare, make_preset
 
 
 def main(argv: list[str] | None = None) -> dict:

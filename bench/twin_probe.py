@@ -23,10 +23,10 @@ from pathlib import Path
 
 import torch
 
+from clusterformer_research.experiment import make_preset
+from clusterformer_research.experiment.recipes import VARIANT_OPTIONS
+from clusterformer_research.experiment.running import build_model, generate, resolve_pretrained
 from hf_clusterformer import ClusterFormerForQuestionAnswering
-from hf_clusterformer.experiment import make_preset
-from hf_clusterformer.experiment.recipes import VARIANT_OPTIONS
-from hf_clusterformer.experiment.running import build_model, generate, resolve_pretrained
 from hf_clusterformer.kmeans import spherical_kmeans
 
 

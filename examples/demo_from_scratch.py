@@ -29,10 +29,11 @@ import datasets
 import torch
 from transformers import TrainingArguments, set_seed
 
+from clusterformer_research.longrange import build_longrange_tokenizer, generate_longrange_dataset
 from hf_clusterformer import CentroidUpdateCallback, ClusterFormerConfig, ClusterFormerForQuestionAnswering
 from hf_clusterformer import pipeline as qa_pipeline
 from hf_clusterformer.configuration_clusterformer import model_options, required_position_embeddings
-from hf_clusterformer.data import build_longrange_tokenizer, generate_longrange_dataset, squad_features
+from hf_clusterformer.data import squad_features
 from hf_clusterformer.features import prepare_train_features
 from hf_clusterformer.hub import save_for_hub
 from hf_clusterformer.inspection import inspect_clusters
@@ -179,7 +180,7 @@ def train_in_process(name: str, layers: list[int], args: argparse.Namespace, sho
     colocation = repeated_token_colocation(model, tokenizer, validation["longrange"]) if layers else None
     card = {
         "model_id": "clusterformer-demo" if layers else f"{name}-demo",
-        "training_data": "Generated two-hop long-range QA (`hf_clusterformer.data.longrange`) with its local control and mention "
+        "training_data": "Generated two-hop long-range QA (`clusterformer_research.longrange`) with its local control and mention "
                          "questions, after a warm-up on short contexts.",
         "results": [
             {"task": "question-answering",

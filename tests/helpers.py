@@ -1,9 +1,12 @@
-"""Small builders shared by the tests: tiny configs and pair-encoded batches made from token ids."""
+"""Small builders shared by the tests: tiny configs, pair-encoded batches made from token ids and SQuAD-format
+data files."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+from pathlib import Path
 
 import torch
 
@@ -72,3 +75,13 @@ def transformers_warnings():
         yield records
     finally:
         library_logger.removeHandler(handler)
+
+
+def squad_jsonl(path: Path, question: str, context: str, answer: str, count: int) -> Path:
+    """A .jsonl file of ``count`` SQuAD-format records asking ``question`` over ``context`` (the first occurrence of
+    ``answer`` answers it), for ``clusterformer train`` / ``evaluate``."""
+    start = context.index(answer)
+    rows = [{"id": str(i), "title": "t", "question": question, "context": context,
+             "answers": {"text": [answer], "answer_start": [start]}} for i in range(count)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path

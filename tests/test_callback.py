@@ -218,13 +218,14 @@ def test_model_without_cluster_layers_trains_untouched(tmp_path, caplog):
 
 
 def test_qa_trainer_puts_the_callback_ahead_of_reporters(tmp_path):
+    from hf_clusterformer.data import build_tokenizer
     from hf_clusterformer.qa_training import make_trainer as make_qa_trainer
-    from hf_clusterformer.data import build_longrange_tokenizer
 
     callback, recorder = CentroidUpdateCallback(), LogRecorder()
     model = ClusterFormerForQuestionAnswering(tiny_config(cluster_layers=[2]))
     args = TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
-    trainer = make_qa_trainer(model, args, TinyQA(4), build_longrange_tokenizer(), [recorder, callback])
+    trainer = make_qa_trainer(model, args, TinyQA(4), build_tokenizer(["Where does Anna live? Anna lives in Paris."] * 20, vocab_size=300),
+                               [recorder, callback])
     assert trainer.callback_handler.callbacks[0] is callback and recorder in trainer.callback_handler.callbacks
 
 

@@ -20,9 +20,10 @@ import torch
 from transformers import AutoModelForQuestionAnswering, AutoTokenizer, RobertaConfig, RobertaForQuestionAnswering
 
 import hf_clusterformer  # noqa: F401  (registers the Auto classes)
+from clusterformer_research.longrange import generate_longrange_dataset, write_squad_file
 from hf_clusterformer import ClusterFormerConfig, ClusterFormerForQuestionAnswering
 from hf_clusterformer_cli import main
-from hf_clusterformer.data import build_tokenizer, generate_longrange_dataset
+from hf_clusterformer.data import build_tokenizer
 
 SCRIPT = Path(sys.executable).with_name("clusterformer")
 QUESTION = "Where does Zorvan live?"
@@ -39,6 +40,17 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("cli")
+
+
+@pytest.fixture(scope="module")
+def data_files(workdir) -> tuple[Path, Path]:
+    """Generated long-range training (8) and validation (4) records as SQuAD-format files (the research package)."""
+    options = {"context_tokens": (150, 250), "kind": "longrange", "min_gap_tokens": 30}
+    train = write_squad_file(generate_longrange_dataset(8, 0, split="train", **options),
+                             workdir / "longrange-train.json", overwrite=True)
+    dev = write_squad_file(generate_longrange_dataset(4, 0, split="validation", **options),
+                           workdir / "longrange-dev.json", overwrite=True)
+    return train, dev
 
 
 @pytest.fixture(scope="module")
@@ -186,7 +198,7 @@ def test_predict_checkpoint_file_and_empty_question(model_dir, context, capsys):
 
 
 def test_evaluate_needs_a_checkpoint(capsys):
-    assert main(["evaluate", "--dataset", "local"]) == 2
+    assert main(["evaluate", "--validation_file", "dev.json"]) == 2
     assert "evaluate needs --model_name_or_path" in capsys.readouterr().err
 
 
@@ -350,10 +362,11 @@ def test_inspect_plot_into_a_missing_folder_and_empty_question(model_dir, contex
 def test_missing_model_paths_fail_fast(workdir, context, capsys, monkeypatch):
     monkeypatch.chdir(workdir)
     (workdir / "runs").mkdir(exist_ok=True)
-    _main_error(capsys, ["evaluate", "--model_name_or_path", "./missing", "--dataset", "local"],
+    _main_error(capsys, ["evaluate", "--model_name_or_path", "./missing", "--validation_file", "dev.json"],
                 "--model_name_or_path directory ./missing does not exist")
     (workdir / "runs" / "empty").mkdir(exist_ok=True)
-    _main_error(capsys, ["evaluate", "--model_name_or_path", "runs/empty", "--dataset", "local"], "runs/empty")
+    _main_error(capsys, ["evaluate", "--model_name_or_path", "runs/empty", "--validation_file", "dev.json"],
+                "runs/empty")
     # No "./", but "runs" is a local folder: a path, not a Hub id.
     _main_error(capsys, ["predict", "runs/missing", "--question", QUESTION, "--context-file", str(context[0])],
                 "checkpoint directory runs/missing does not exist")
@@ -370,7 +383,7 @@ def test_hub_id_with_the_hub_out_of_reach_fails_fast(context, tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage"])
-def test_damaged_weights_name_the_file(model_dir, context, workdir, capsys, damage):
+def test_damaged_weights_name_the_file(model_dir, context, data_files, workdir, capsys, damage):
     broken = workdir / f"weights-{damage}"
     if not broken.exists():
         import shutil
@@ -379,7 +392,8 @@ def test_damaged_weights_name_the_file(model_dir, context, workdir, capsys, dama
         weights = (broken / "model.safetensors").read_bytes()
         (broken / "model.safetensors").write_bytes(weights[: len(weights) // 2] if damage == "truncated" else b"garbage" * 9)
     _main_error(capsys, _predict(broken, context), str(broken / "model.safetensors"), "not a readable safetensors file")
-    _main_error(capsys, ["evaluate", "--model_name_or_path", str(broken), "--dataset", "local", "--eval_samples", "2",
+    _main_error(capsys, ["evaluate", "--model_name_or_path", str(broken), "--validation_file", str(data_files[1]),
+                         "--eval_samples", "2",
                          "--output_dir", str(workdir / "eval-broken"), "--report_to", "none", "--use_cpu"],
                 str(broken / "model.safetensors"), "not a readable safetensors file")
 
@@ -406,18 +420,19 @@ def test_invalid_json_data_file(workdir, capsys):
 TINY_TRAIN = [
     "--hidden_size", "32", "--num_hidden_layers", "2", "--num_attention_heads", "2", "--intermediate_size", "64",
     "--window_size", "32", "--window_stride", "24", "--max_question_length", "16", "--cluster_layers", "1",
-    "--num_clusters", "4", "--vocab_size", "400", "--context_tokens_min", "150", "--context_tokens_max", "250",
-    "--min_gap_tokens", "30", "--eval_samples", "4", "--per_device_train_batch_size", "4",
+    "--num_clusters", "4", "--vocab_size", "400", "--eval_samples", "4", "--per_device_train_batch_size", "4",
     "--centroid_update_steps", "2", "--report_to", "none", "--use_cpu", "--seed", "0",
 ]
 
 
 @pytest.fixture(scope="module")
-def trained(workdir) -> Path:
-    """``clusterformer train`` on generated data, 4 steps, with a Trainer checkpoint folder (optimizer state)."""
+def trained(workdir, data_files) -> Path:
+    """``clusterformer train`` on generated data files, 4 steps, with a Trainer checkpoint folder (optimizer state)."""
     output = workdir / "trained"
-    assert main(["train", "--dataset", "longrange", "--train_samples", "8", "--max_steps", "4", "--save_strategy",
-                 "steps", "--save_steps", "4", "--output_dir", str(output), *TINY_TRAIN]) == 0
+    train, dev = data_files
+    assert main(["train", "--train_file", str(train), "--validation_file", str(dev), "--train_samples", "8",
+                 "--max_steps", "4", "--save_strategy", "steps", "--save_steps", "4", "--output_dir", str(output),
+                 *TINY_TRAIN]) == 0
     return output
 
 
@@ -431,8 +446,8 @@ def test_train_writes_a_pushable_checkpoint_with_its_card(trained):
     assert "training_args.bin" in skipped and any(name.startswith("checkpoint-4/") for name in skipped)
     card = (trained / "README.md").read_text(encoding="utf-8")
     assert "| Centroids | fitted by K-Means on the model's own hidden states |" in card
-    assert "Long-range QA (generated)" in card and "huggingface.co/datasets/longrange" not in card
-    assert "Generated two-hop long-range QA" in card and "8 training and 4 validation examples" in card
+    assert "Local SQuAD-format files: training `longrange-train.json`, validation `longrange-dev.json`." in card
+    assert "huggingface.co/datasets" not in card
 
 
 def test_card_command_on_its_own_results(trained, capsys):
@@ -443,11 +458,12 @@ def test_card_command_on_its_own_results(trained, capsys):
     assert capsys.readouterr().out.strip() == f"wrote {trained / 'README.md'}"
     card = (trained / "README.md").read_text(encoding="utf-8")
     assert "fitted by K-Means on the model's own hidden states" in card and "not recorded" not in card
-    assert "model-index" in card and "| Long-range QA (generated) | validation |" in card
-    out = trained.parent / "card-longrange.md"
+    assert "model-index" in card and "| longrange-dev.json | validation |" in card
+    out = trained.parent / "card-multipassage.md"
     assert main(["card", "--config", str(trained), "--results", str(trained / "all_results.json"), "--dataset",
-                 "longrange", "--out", str(out)]) == 0
-    assert "huggingface.co/datasets/longrange" not in out.read_text(encoding="utf-8")
+                 "squad-multipassage", "--out", str(out)]) == 0
+    text = out.read_text(encoding="utf-8")
+    assert "huggingface.co/datasets/squad-multipassage" not in text and "built from the SQuAD v1.1 dev set" in text
     _main_error(capsys, ["card", str(trained.parent / "nothing")], "nothing does not exist")
     (trained.parent / "empty-folder").mkdir(exist_ok=True)
     _main_error(capsys, ["card", str(trained.parent / "empty-folder")], "has no config.json")

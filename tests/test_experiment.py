@@ -1,4 +1,4 @@
-"""The fine-tuning comparison (`hf_clusterformer.experiment`) and the GPU machine's one command, at tiny sizes."""
+"""The fine-tuning comparison (`clusterformer_research.experiment`) and the GPU machine's one command, at tiny sizes."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_clusterformer.experiment import compare, make_preset
+from clusterformer_research.experiment import compare, make_preset
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -74,15 +74,15 @@ def test_device_script_runs_at_tiny_sizes(tmp_path):
 def _setup(tmp_path, preset):
     import torch
 
-    from hf_clusterformer.experiment import RunSetup
-    from hf_clusterformer.experiment.running import resolve_pretrained
+    from clusterformer_research.experiment import RunSetup
+    from clusterformer_research.experiment.running import resolve_pretrained
 
     source = resolve_pretrained(preset, None, tmp_path)
     return RunSetup(preset, source, tmp_path, torch.device("cpu"), torch.float32, threads=1)
 
 
 def test_a_run_over_its_time_share_trains_fewer_steps_and_later_runs_match(tmp_path):
-    from hf_clusterformer.experiment import run_one
+    from clusterformer_research.experiment import run_one
 
     preset = make_preset("smoke")
     for stage in preset.stages:
@@ -96,7 +96,7 @@ def test_a_run_over_its_time_share_trains_fewer_steps_and_later_runs_match(tmp_p
 
 
 def test_runs_are_deterministic(tmp_path):
-    from hf_clusterformer.experiment import run_one
+    from clusterformer_research.experiment import run_one
 
     setup = _setup(tmp_path, make_preset("smoke"))
     runs = [run_one(setup, "clusterformer", 0) for _ in range(2)]
@@ -108,7 +108,7 @@ def test_runs_are_deterministic(tmp_path):
 
 
 def test_positional_shortcuts_count_fact_slots():
-    from hf_clusterformer.experiment import positional_shortcuts
+    from clusterformer_research.experiment import positional_shortcuts
 
     records = [{"context": "A lives in X. B lives in Y. C lives in X. D lives in Z.", "answers": {"text": ["X"]}},
                {"context": "A lives in Y. B lives in Z. C lives in W. D lives in Z.", "answers": {"text": ["Z"]}}]
@@ -117,7 +117,7 @@ def test_positional_shortcuts_count_fact_slots():
 
 
 def test_learning_rate_schedules_and_cluster_layer_groups():
-    from hf_clusterformer.experiment.running import learning_rate_factor, parameter_groups
+    from clusterformer_research.experiment.running import learning_rate_factor, parameter_groups
 
     constant, linear = learning_rate_factor("constant", 10, 100), learning_rate_factor("linear", 10, 100)
     assert [round(constant(s), 2) for s in (0, 9, 50, 99)] == [0.1, 1.0, 1.0, 1.0]
@@ -140,8 +140,8 @@ def test_learning_rate_schedules_and_cluster_layer_groups():
 
 def test_the_smoke_vocabulary_and_weights_are_the_same_in_every_process(tmp_path):
     """String hashing differs between processes; the smoke recipe's tokenizer and random BERT must not."""
-    script = ("import sys; from pathlib import Path; from hf_clusterformer.experiment.running import tiny_bert; "
-              "from hf_clusterformer.experiment.running import generate; "
+    script = ("import sys; from pathlib import Path; from clusterformer_research.experiment.running import tiny_bert; "
+              "from clusterformer_research.experiment.running import generate; "
               "corpus = [r['context'] for r in generate('twin', {'context_tokens': (70, 90), 'min_gap_tokens': 30}, "
               "20, 'corpus', 0, 4)]; tiny_bert(Path(sys.argv[1]), corpus)")
     folders = []

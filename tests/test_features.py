@@ -11,14 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hf_clusterformer.data import (
-    build_longrange_tokenizer,
-    build_multipassage_dataset,
-    build_tokenizer,
-    default_squad_path,
-    generate_longrange_dataset,
-    read_squad,
-)
+from clusterformer_research.longrange import build_longrange_tokenizer, generate_longrange_dataset
+from hf_clusterformer.data import build_multipassage_dataset, build_tokenizer, default_squad_path, read_squad
 from hf_clusterformer.features import (
     postprocess_predictions,
     prepare_train_features,

@@ -11,10 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from clusterformer_research.longrange import build_longrange_tokenizer, generate_longrange_dataset
 from hf_clusterformer import ClusterFormerConfig, ClusterFormerForQuestionAnswering
-from hf_clusterformer.kmeans import spherical_kmeans
-from hf_clusterformer.data import build_longrange_tokenizer, generate_longrange_dataset
 from hf_clusterformer.inspection import ClusterReport, inspect_clusters
+from hf_clusterformer.kmeans import spherical_kmeans
 from hf_clusterformer.modeling_clusterformer import count_windows, sort_into_chunks
 
 WINDOW, STRIDE, CLUSTERS = 32, 24, 8

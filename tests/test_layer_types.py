@@ -16,10 +16,10 @@ from safetensors.torch import load_file
 from transformers import DataCollatorWithPadding, Trainer, TrainingArguments
 
 import hf_clusterformer
-from hf_clusterformer import ClusterFormerConfig, ClusterFormerForQuestionAnswering, ClusterRouter, LSHRouter
-from hf_clusterformer.data import build_longrange_tokenizer, generate_longrange_dataset
+from clusterformer_research.longrange import build_longrange_tokenizer, generate_longrange_dataset
+from hf_clusterformer import ClusterFormerConfig, ClusterFormerForQuestionAnswering
 from hf_clusterformer.features import prepare_train_features
-from hf_clusterformer.modeling_clusterformer import build_window_layout, count_windows
+from hf_clusterformer.modeling_clusterformer import ClusterRouter, LSHRouter, build_window_layout, count_windows
 
 ROOT = Path(__file__).resolve().parents[1]
 TYPES = ("cluster", "lsh", "sparse")

@@ -12,7 +12,7 @@ from helpers import tiny_config
 from huggingface_hub import ModelCard, ModelCardData, constants, metadata_load
 from huggingface_hub.repocard_data import model_index_to_eval_results
 
-from hf_clusterformer.data.longrange import approx_token_count
+from hf_clusterformer.data import approx_token_count
 from hf_clusterformer.modelcard import card_from_spec, default_widget, load_results, main, make_model_card
 from hf_clusterformer_files import stamp_card
 
@@ -183,6 +183,7 @@ def test_card_template_ships_as_package_data():
 
 
 def test_generated_datasets_are_described_not_linked():
-    card = make_model_card(tiny_config(), datasets=["longrange"], results={"eval_f1": 40.0})
-    assert "huggingface.co/datasets/longrange" not in card.text and "datasets" not in card.data.to_dict()
-    assert "Generated two-hop long-range QA" in card.text and "| Long-range QA (generated) | - |" in card.text
+    card = make_model_card(tiny_config(), datasets=["squad-multipassage"], results={"eval_f1": 40.0})
+    assert "huggingface.co/datasets/squad-multipassage" not in card.text and "datasets" not in card.data.to_dict()
+    assert "Multi-passage contexts built from the SQuAD v1.1 dev set" in card.text
+    assert "| SQuAD v1.1 multi-passage (built from the dev set) | - |" in card.text

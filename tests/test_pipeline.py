@@ -319,6 +319,31 @@ def test_tokenizer_limit_is_raised_to_the_model_limit(model, tokenizer):
     assert small.model_max_length == required_model_max_length(model.config) == 16 + 8192 + 4
 
 
+def test_the_import_leaves_the_task_list_alone_until_registration_is_asked():
+    """``import hf_clusterformer`` registers only the package's own names; `register_pipeline` (or
+    `hf_clusterformer.pipeline`) takes ``question-answering`` off transformers' removed tasks. In a fresh process."""
+    import json
+    import subprocess
+    import sys
+
+    code = """
+import json
+from transformers.pipelines import PIPELINE_REGISTRY, REMOVED_TASKS
+before = ("question-answering" in REMOVED_TASKS, "question-answering" in PIPELINE_REGISTRY.supported_tasks)
+import hf_clusterformer
+after_import = ("question-answering" in REMOVED_TASKS, "question-answering" in PIPELINE_REGISTRY.supported_tasks)
+hf_clusterformer.register_pipeline()
+impl = PIPELINE_REGISTRY.supported_tasks["question-answering"]["impl"]
+registered = ("question-answering" in REMOVED_TASKS, impl is hf_clusterformer.ClusterFormerQuestionAnsweringPipeline)
+print(json.dumps([before, after_import, registered]))
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    before, after_import, registered = json.loads(result.stdout.strip().splitlines()[-1])
+    assert after_import == before and before[0] is True
+    assert registered == [False, True]
+
+
 def test_registered_as_question_answering_task(model, tokenizer, tmp_path):
     register_pipeline()
     register_pipeline()  # idempotent

@@ -12,8 +12,9 @@ import pytest
 import torch
 from transformers import BertConfig, BertForQuestionAnswering, BertModel, BertTokenizerFast
 
+from clusterformer_research.longrange import generate_longrange_dataset
 from hf_clusterformer import ClusterFormerForQuestionAnswering, ClusterFormerModel
-from hf_clusterformer.data.longrange import approx_token_count, generate_longrange_dataset
+from hf_clusterformer.data import approx_token_count
 from hf_clusterformer.conversion import convert_checkpoint
 from hf_clusterformer.pretrained import (
     PRETRAINED_SOURCES,
@@ -223,8 +224,8 @@ def test_suggested_num_clusters_grows_with_the_context():
 
 
 def test_the_pretrained_recipes_start_from_the_cached_minilm(tmp_path):
-    from hf_clusterformer.experiment import make_preset
-    from hf_clusterformer.experiment.running import resolve_pretrained
+    from clusterformer_research.experiment import make_preset
+    from clusterformer_research.experiment.running import resolve_pretrained
 
     source = _cached_minilm()
     for name in ("demo", "study", "cpu", "gpu"):

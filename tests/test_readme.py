@@ -13,7 +13,8 @@ import torch
 from support.hub_fixtures import client_env
 from transformers import RobertaConfig, RobertaForQuestionAnswering
 
-from hf_clusterformer.data import build_tokenizer, generate_longrange_dataset
+from clusterformer_research.longrange import generate_longrange_dataset
+from hf_clusterformer.data import build_tokenizer
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

@@ -1,6 +1,6 @@
-"""run_qa end to end on tiny real data: the script on the generated long-range set, evaluation of its checkpoint,
-the SQuAD-based multi-passage set, local SQuAD-format files (flat records and the official nested layout), and the
-errors for bad data files."""
+"""run_qa end to end on tiny real data: the script on the generated long-range set (SQuAD-format files written by the
+research package's command), evaluation of its checkpoint, the SQuAD-based multi-passage set, local SQuAD-format files
+(flat records and the official nested layout), and the errors for bad data files and data sets."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from transformers import AutoModelForQuestionAnswering, AutoTokenizer, TrainingA
 
 import hf_clusterformer  # noqa: F401  (registers the Auto classes)
 from hf_clusterformer import qa_training
-from hf_clusterformer.data import default_squad_path, generate_longrange_dataset
+from clusterformer_research.longrange import generate_longrange_dataset
+from hf_clusterformer.data import default_squad_path
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,9 +28,8 @@ TINY_MODEL = [
     "--window_size", "32", "--window_stride", "24", "--max_question_length", "16",
     "--cluster_layers", "2", "--num_clusters", "8", "--vocab_size", "400",
 ]
-#: Short generated contexts and a few optimizer steps on the CPU.
+#: Short generated contexts (`generated_files`) and a few optimizer steps on the CPU.
 TINY_RUN = [
-    "--context_tokens_min", "200", "--context_tokens_max", "400", "--min_gap_tokens", "40",
     "--train_samples", "16", "--eval_samples", "8", "--max_steps", "4",
     "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "8",
     "--centroid_update_steps", "2", "--save_strategy", "no", "--report_to", "none", "--use_cpu", "--seed", "0",
@@ -84,11 +84,29 @@ def _nested_squad(records: list[dict], per_paragraph: int = 2) -> dict:
 
 
 @pytest.fixture(scope="module")
-def script_run(tmp_path_factory) -> Path:
-    """examples/run_qa.py trained 4 steps from scratch on the generated long-range data, in a subprocess."""
+def generated_files(tmp_path_factory) -> dict[str, Path]:
+    """Generated long-range training (16) and validation (8) files and their tokenizer, as the README says to make
+    them: ``python -m clusterformer_research.longrange``."""
+    folder = tmp_path_factory.mktemp("generated")
+    common = ["--kind", "longrange", "--context_tokens", "200", "400", "--min_gap_tokens", "40", "--seed", "0"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    for split, count, extra in (("train", "16", ["--tokenizer_dir", str(folder / "tokenizer"), "--vocab_size", "400"]),
+                                ("validation", "8", [])):
+        command = [sys.executable, "-m", "clusterformer_research.longrange", *common, "--split", split,
+                   "--num_examples", count, "--out", str(folder / f"{split}.json"), *extra]
+        result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+    return {"train": folder / "train.json", "validation": folder / "validation.json", "tokenizer": folder / "tokenizer"}
+
+
+@pytest.fixture(scope="module")
+def script_run(tmp_path_factory, generated_files) -> Path:
+    """examples/run_qa.py trained 4 steps from scratch on the generated long-range files, in a subprocess."""
     output_dir = tmp_path_factory.mktemp("run_qa")
-    command = [sys.executable, str(ROOT / "examples" / "run_qa.py"), "--dataset", "longrange", "--do_train",
-               "--do_eval", "--output_dir", str(output_dir), *TINY_MODEL, *TINY_RUN]
+    command = [sys.executable, str(ROOT / "examples" / "run_qa.py"), "--train_file", str(generated_files["train"]),
+               "--validation_file", str(generated_files["validation"]), "--tokenizer_name",
+               str(generated_files["tokenizer"]), "--do_train", "--do_eval", "--output_dir", str(output_dir),
+               *TINY_MODEL, *TINY_RUN]
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -104,7 +122,7 @@ def test_script_writes_metrics_in_range(script_run):
     assert metrics["eval_samples"] == 8
     assert metrics["train_answers_truncated"] == 0
     assert metrics["train_loss"] > 0 and metrics["epoch"] == 1.0  # 16 examples / batch 4 = 4 steps
-    assert results["data"]["dataset"] == "longrange" and results["model"]["window_size"] == 32
+    assert results["data"]["train_file"].endswith("train.json") and results["model"]["window_size"] == 32
     predictions = json.loads((script_run / "eval_predictions.json").read_text())
     validation = generate_longrange_dataset(8, 0, (200, 400), "longrange", min_gap_tokens=40, split="validation")
     assert set(predictions) == {r["id"] for r in validation}
@@ -132,10 +150,10 @@ def test_script_checkpoint_reloads_with_fitted_centroids(script_run):
     assert out.start_logits.shape == encoding["input_ids"].shape
 
 
-def test_evaluating_the_checkpoint_reproduces_the_training_run_scores(script_run, tmp_path):
+def test_evaluating_the_checkpoint_reproduces_the_training_run_scores(script_run, generated_files, tmp_path):
     trained = json.loads((script_run / "all_results.json").read_text())["metrics"]
-    argv = ["--model_name_or_path", str(script_run), "--dataset", "longrange", "--do_eval",
-            "--output_dir", str(tmp_path), *TINY_RUN]
+    argv = ["--model_name_or_path", str(script_run), "--validation_file", str(generated_files["validation"]),
+            "--do_eval", "--output_dir", str(tmp_path), *TINY_RUN]
     metrics = qa_training.main(argv)
     assert "train_loss" not in metrics
     assert metrics["eval_exact_match"] == trained["eval_exact_match"]
@@ -263,6 +281,17 @@ def test_missing_and_unsupported_files(tmp_path):
         )
 
 
+def test_no_data_and_the_former_generated_sets_are_refused_with_the_way_to_files():
+    """The library reads SQuAD-format data only; the generated sets come as files from the research package."""
+    with pytest.raises(ValueError, match=r"no data: give --train_file / --validation_file"):
+        qa_training.load_raw_datasets(qa_training.DataArguments())
+    for name in ("longrange", "local"):
+        with pytest.raises(ValueError, match=rf"--dataset {name}: .* clusterformer_research.longrange --kind {name}"):
+            qa_training.load_raw_datasets(qa_training.DataArguments(dataset=name))
+    with pytest.raises(ValueError, match="invalid choice|unrecognized|min_gap_tokens"):
+        qa_training.parse_args(["--min_gap_tokens", "30", "--output_dir", "out"], usage_errors_raise=True)
+
+
 def test_train_without_training_data_is_refused(tmp_path):
     path = _write_jsonl(tmp_path / "dev.jsonl", _records(3))
     model, data, centroids, training = _tiny_args(tmp_path / "out", validation_file=str(path))
@@ -292,8 +321,8 @@ def test_questions_longer_than_the_model_allows_fail_before_training(tmp_path):
 
     model = ModelArguments(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                            cluster_layers=[1], num_clusters=4, window_size=32, window_stride=24, max_question_length=3)
-    data = DataArguments(dataset="local", train_samples=8, eval_samples=4, context_tokens_min=120,
-                         context_tokens_max=160, min_gap_tokens=20)
+    path = _write_jsonl(tmp_path / "train.jsonl", _records(8))
+    data = DataArguments(train_file=str(path))
     training = TrainingArguments(output_dir=str(tmp_path), do_train=True, max_steps=1, report_to="none", save_strategy="no")
     with pytest.raises(ValueError, match=r"8 of 8 training questions have more than max_question_length=3"):
         run(model, data, CentroidArguments(), training)

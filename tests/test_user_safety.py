@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_config
+from helpers import squad_jsonl, tiny_config
 from safetensors.torch import load_file
 from test_remote_code import HIDE_PACKAGE
 from transformers import BertConfig, BertForQuestionAnswering, BertTokenizerFast, RobertaConfig, RobertaModel
@@ -160,8 +160,8 @@ def test_pipeline_refuses_an_untrained_head_until_it_is_trained(converted, token
 
 
 def test_evaluate_refuses_an_untrained_head(converted, work, capsys):
-    _error(capsys, ["evaluate", "--model_name_or_path", str(converted), "--dataset", "local", "--eval_samples", "2",
-                    "--context_tokens_min", "50", "--context_tokens_max", "80", "--min_gap_tokens", "10",
+    dev = squad_jsonl(work / "untrained-dev.jsonl", QUESTION, CONTEXT, "Tarsk", 2)
+    _error(capsys, ["evaluate", "--model_name_or_path", str(converted), "--validation_file", str(dev),
                     "--output_dir", str(work / "eval-untrained"), "--report_to", "none", "--use_cpu"],
            "never trained", "--allow-untrained")
 
@@ -201,7 +201,7 @@ def test_plain_save_pretrained_loads_without_the_package(tmp_path):
     save = f"""
 import sys, torch
 sys.path.insert(0, {str(Path(__file__).parent)!r})
-from helpers import tiny_config
+from helpers import squad_jsonl, tiny_config
 from hf_clusterformer import ClusterFormerForQuestionAnswering
 torch.manual_seed(0)
 model = ClusterFormerForQuestionAnswering(tiny_config()).eval()
@@ -225,11 +225,12 @@ with torch.no_grad():
     assert torch.tensor(json.loads(result.stdout.strip().splitlines()[-1])) == pytest.approx(expected)
 
 
-def test_question_answering_task_after_the_import(converted, tmp_path):
+def test_question_answering_task_once_registered(converted, tmp_path):
     """A folder with the pipeline code in config.json: transformers' own rule asks for trust_remote_code, so the
     calls that use this package's pipeline are hf_clusterformer.pipeline and pipeline_class=."""
     from transformers import pipeline
 
+    hf_clusterformer.register_pipeline()  # explicit: the import alone leaves transformers' task list alone
     with pytest.raises(ValueError, match="trust_remote_code"):
         pipeline("question-answering", model=str(converted))
     qa = pipeline("question-answering", model=str(converted), pipeline_class=ClusterFormerQuestionAnsweringPipeline,
@@ -334,8 +335,8 @@ def test_evaluate_records_the_evaluated_model(work, capsys):
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     out = work / "evaluated"
-    assert main(["evaluate", "--model_name_or_path", str(path), "--dataset", "local", "--eval_samples", "2",
-                 "--context_tokens_min", "50", "--context_tokens_max", "80", "--min_gap_tokens", "10",
+    dev = squad_jsonl(work / "evaluated-dev.jsonl", QUESTION, CONTEXT, "Tarsk", 2)
+    assert main(["evaluate", "--model_name_or_path", str(path), "--validation_file", str(dev),
                  "--output_dir", str(out), "--report_to", "none", "--use_cpu"]) == 0
     recorded = json.loads((out / "all_results.json").read_text(encoding="utf-8"))["model"]
     assert recorded["hidden_size"] == 48 and recorded["num_attention_heads"] == 3

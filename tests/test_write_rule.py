@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_config
+from helpers import squad_jsonl, tiny_config
 from test_remote_code import HIDE_PACKAGE
 from transformers import GPT2Config, GPT2Model, RobertaConfig, RobertaForQuestionAnswering
 
@@ -41,6 +41,11 @@ SMALL = ["--cluster-layers", "1", "--num-clusters", "4", "--window-size", "32", 
          "--max-question-length", "16"]
 ENV = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _qa_file(path: Path, count: int) -> Path:
+    """``count`` SQuAD-format records (the question about Melka over `CONTEXT`) as a .jsonl file for train/evaluate."""
+    return squad_jsonl(path, QUESTION, CONTEXT, "Tarsk", count)
 
 
 def _command(*args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -170,11 +175,11 @@ def test_evaluate_keeps_a_runs_results_unless_overwrite(work, hub_model, capsys)
         import shutil
 
         shutil.copytree(hub_model, model)
-    records = {"metrics": {"eval_exact_match": 12.5, "eval_f1": 20.0}, "data": {"dataset": "local"}}
+    records = {"metrics": {"eval_exact_match": 12.5, "eval_f1": 20.0}, "data": {"validation_file": "dev.jsonl"}}
     (model / "all_results.json").write_text(json.dumps(records), encoding="utf-8")
-    args = ["evaluate", "--model-name-or-path", str(model), "--output-dir", str(model), "--dataset", "local",
-            "--eval_samples", "2", "--context_tokens_min", "50", "--context_tokens_max", "80", "--min_gap_tokens",
-            "10", "--report_to", "none", "--use_cpu", "-q"]
+    dev = _qa_file(work / "evaluate-dev.jsonl", 2)
+    args = ["evaluate", "--model-name-or-path", str(model), "--output-dir", str(model), "--validation_file", str(dev),
+            "--report_to", "none", "--use_cpu", "-q"]
     _one_line_error(_command(*args), str(model), "all_results.json", "--overwrite")
     assert json.loads((model / "all_results.json").read_text(encoding="utf-8")) == records
     weights = (model / "model.safetensors").read_bytes()
@@ -415,10 +420,11 @@ def test_readme_trainer_block_runs_twice(tmp_path):
 import sys, torch
 sys.path.insert(0, {str(Path(__file__).parent)!r})
 torch.set_num_threads(1)
-from helpers import tiny_config
+from helpers import squad_jsonl, tiny_config
 from hf_clusterformer import ClusterFormerForQuestionAnswering
-from hf_clusterformer.data import build_longrange_tokenizer
-tokenizer = build_longrange_tokenizer(vocab_size=400, seed=0)
+from hf_clusterformer.data import build_tokenizer
+tokenizer = build_tokenizer([f"Where does guest {{j}} stay? Guest {{j}} stays in room {{100 + j}}." for j in range(300)],
+                            vocab_size=400)
 model = ClusterFormerForQuestionAnswering(tiny_config(vocab_size=len(tokenizer), max_question_length=24,
     max_context_length=16384, window_size=24, window_stride=20, pad_token_id=tokenizer.pad_token_id,
     bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, type_vocab_size=1))
@@ -451,8 +457,7 @@ def test_card_snippets_run_as_printed(tmp_path, tokenizer):
 
 def test_train_shows_the_trainers_progress_bar_unless_quiet(tmp_path, capsys):
     """Row: ``clusterformer train`` showed no progress bar although the README says it keeps one."""
-    tiny = ["--dataset", "local", "--train_samples", "2", "--eval_samples", "1", "--max_steps", "2",
-            "--context_tokens_min", "50", "--context_tokens_max", "80", "--min_gap_tokens", "10", "--hidden_size", "32",
+    tiny = ["--train_file", str(_qa_file(tmp_path / "train.jsonl", 2)), "--max_steps", "2", "--hidden_size", "32",
             "--num_hidden_layers", "2", "--num_attention_heads", "2", "--intermediate_size", "64", "--window_size",
             "32", "--window_stride", "24", "--max_question_length", "32", "--cluster_layers", "1", "--num_clusters",
             "4", "--vocab_size", "300", "--per_device_train_batch_size", "1", "--report_to", "none", "--use_cpu",

@@ -1,6 +1,13 @@
 """Cluster-Former: clustering-based sparse Transformer for long-context question answering.
 
-Importing the package registers the config and models with the transformers Auto classes.
+Importing the package registers the ``clusterformer`` config and models with the transformers Auto classes, and
+changes nothing else in transformers. The long-context ``question-answering`` pipeline is registered only on request:
+`register_pipeline` puts it under ``transformers.pipeline("question-answering", ...)`` for the rest of the process
+(the docstring of the ``pipeline`` module says what that changes), and the function `pipeline`
+(``hf_clusterformer.pipeline(model=...)``) registers it and builds one.
+
+Training-only parts (the `Trainer` callback, the centroid updater) and the Hub functions load on first use, so that
+inference never imports them.
 """
 
 from transformers import (
@@ -22,9 +29,6 @@ from .modeling_clusterformer import (
     ClusterFormerForTokenClassification,
     ClusterFormerModel,
     ClusterFormerPreTrainedModel,
-    ClusterRouter,
-    LSHRouter,
-    order_centroids_greedy,
 )
 from .pipeline import ClusterFormerQuestionAnsweringPipeline, pipeline, register_pipeline
 
@@ -37,17 +41,18 @@ AutoModelForMaskedLM.register(ClusterFormerConfig, ClusterFormerForMaskedLM, exi
 AutoModelForSequenceClassification.register(ClusterFormerConfig, ClusterFormerForSequenceClassification, exist_ok=True)
 AutoModelForTokenClassification.register(ClusterFormerConfig, ClusterFormerForTokenClassification, exist_ok=True)
 AutoModelForMultipleChoice.register(ClusterFormerConfig, ClusterFormerForMultipleChoice, exist_ok=True)
-register_pipeline()  # transformers.pipeline("question-answering", ...) uses the long-context pipeline
 
-# Training-only parts (Trainer callback, K-Means backends) load on first use, so that inference never
-# imports them.
+#: Names loaded on first use: the training parts, cluster inspection and the Hub functions.
 _LAZY = {
     "CentroidUpdateCallback": "callback",
     "CentroidUpdateSettings": "centroid_updates",
     "CentroidUpdater": "centroid_updates",
-    "MemoryBank": "centroid_updates",
-    "spherical_kmeans": "kmeans",
     "inspect_clusters": "inspection",
+    "convert_checkpoint": "conversion",
+    "load_qa_model": "conversion",
+    "prepare_for_hub": "hub",
+    "push_model": "hub",
+    "save_for_hub": "hub",
 }
 
 
@@ -59,11 +64,11 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
+
 __all__ = [
-    *_LAZY,
-    "ClusterFormerQuestionAnsweringPipeline",
-    "pipeline",
-    "register_pipeline",
     "ClusterFormerConfig",
     "ClusterFormerForMaskedLM",
     "ClusterFormerForMultipleChoice",
@@ -72,9 +77,10 @@ __all__ = [
     "ClusterFormerForTokenClassification",
     "ClusterFormerModel",
     "ClusterFormerPreTrainedModel",
-    "ClusterRouter",
-    "LSHRouter",
+    "ClusterFormerQuestionAnsweringPipeline",
     "default_cluster_layers",
-    "order_centroids_greedy",
     "suggested_num_clusters",
+    "pipeline",
+    "register_pipeline",
+    *_LAZY,
 ]

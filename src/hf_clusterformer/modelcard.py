@@ -59,16 +59,8 @@ _DEFAULT_TAGS = ("clusterformer", "long-context", "extractive-qa", "question-ans
 _CONFIG_FILE_FIELDS = ("transformers_version", "auto_map", "custom_pipelines", "architectures", "_name_or_path")
 #: The card body, a Jinja template rendered by `huggingface_hub.ModelCard.from_template`.
 TEMPLATE = Path(__file__).resolve().parent / "modelcard_template.md"
-#: Data sets this package generates or builds (no Hub page): their result name and training-data description.
+#: Data sets this package builds (no Hub page): their result name and training-data description.
 GENERATED_DATASETS = {
-    "longrange": {
-        "name": "Long-range QA (generated)",
-        "description": "Generated two-hop long-range QA (`hf_clusterformer.data.longrange`)",
-    },
-    "local": {
-        "name": "Long-range QA, local control (generated)",
-        "description": "Generated local-control QA (`hf_clusterformer.data.longrange`: one sentence answers each question)",
-    },
     "squad-multipassage": {
         "name": "SQuAD v1.1 multi-passage (built from the dev set)",
         "description": "Multi-passage contexts built from the SQuAD v1.1 dev set (`hf_clusterformer.data.multipassage`)",
@@ -162,7 +154,9 @@ def run_card_data(run: Mapping[str, Any]) -> dict[str, Any]:
         name = Path(data.get("validation_file") or data["train_file"]).name
         return {"datasets": [], "training_data": f"Local SQuAD-format files: {', '.join(files)}.", "results": results,
                 "results_dataset": {"name": name, "type": "json", "split": "validation"}}
-    dataset = data.get("dataset", "longrange")
+    dataset = data.get("dataset")
+    if not dataset:
+        return {"datasets": [], "training_data": None, "results": results, "results_dataset": None}
     details = None
     if dataset in GENERATED_DATASETS:
         details = (f"{data.get('train_samples')} training and {data.get('eval_samples')} validation examples, contexts "
@@ -397,7 +391,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m hf_clusterfor
     parser.add_argument("--base-model", help="Hub id of the base RoBERTa checkpoint")
     parser.add_argument("--revision", help="Hub commit the remote-code snippets pin (default: main, to replace)")
     parser.add_argument("--dataset", action="append", default=None,
-                        help="Hub dataset id, or longrange / local / squad-multipassage (repeatable)")
+                        help="Hub dataset id, or squad-multipassage (repeatable)")
     parser.add_argument("--save-spec", action="store_true", help="write the merged spec back to --spec")
     parser.add_argument("--check", action="store_true", help="fail if --out differs from the generated card")
     parser.add_argument("--out", help="README.md path or directory (default: the checkpoint's README.md)")

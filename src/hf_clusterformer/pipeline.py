@@ -2,8 +2,14 @@
 
 `ClusterFormerQuestionAnsweringPipeline` tokenizes ``<s> question </s></s> context </s>`` without splitting the
 context (up to ``config.max_context_length`` tokens for Cluster-Former models), runs the model once, and maps
-the best start/end token pair back to characters of the context. transformers 5 removed its own
-``question-answering`` pipeline; `register_pipeline` puts this one under that task name.
+the best start/end token pair back to characters of the context.
+
+Registration is explicit: ``import hf_clusterformer`` registers only the package's own config and model classes.
+transformers 5 removed its own ``question-answering`` pipeline (the task name is in
+``transformers.pipelines.REMOVED_TASKS``); `register_pipeline` takes the name off that list and registers this class
+under it in ``PIPELINE_REGISTRY``, for the whole process, so that ``transformers.pipeline("question-answering", ...)``
+builds this pipeline. `pipeline` (``hf_clusterformer.pipeline(model=...)``) registers it the same way before building
+one. A Hub checkpoint's ``custom_pipelines`` entry (``trust_remote_code=True``) needs neither.
 
 Outputs follow the old transformers pipeline: ``{"score", "start", "end", "answer"}`` with
 ``answer == context[start:end]``; a list of them when ``top_k > 1``. With ``long_answer=True`` an example gives
@@ -620,11 +626,11 @@ ClusterFormerQuestionAnsweringPipeline._registered_impl = {
 
 
 def register_pipeline() -> None:
-    """Register the pipeline as transformers' ``question-answering`` task (idempotent).
+    """Register the pipeline as transformers' ``question-answering`` task, for the rest of the process (idempotent).
 
     transformers 5 lists ``question-answering`` in ``transformers.pipelines.REMOVED_TASKS``, which makes
     ``pipeline("question-answering", ...)`` raise before looking at the registry; registering takes the task
-    name off that list.
+    name off that list. Importing the package does not call this; `pipeline` does.
     """
     getattr(hf_pipelines, "REMOVED_TASKS", {}).pop(TASK, None)  # transformers >= 5.2x lists removed tasks
     current = PIPELINE_REGISTRY.supported_tasks.get(TASK, {}).get("impl")
@@ -637,7 +643,8 @@ def register_pipeline() -> None:
 
 
 def pipeline(model: Any = None, tokenizer: Any = None, **kwargs: Any) -> ClusterFormerQuestionAnsweringPipeline:
-    """``transformers.pipeline("question-answering", ...)`` with this pipeline class, no remote code needed.
+    """``transformers.pipeline("question-answering", ...)`` with this pipeline class, no remote code needed; registers
+    the task first (`register_pipeline`).
 
     ``model`` is a model, a local checkpoint directory or a Hub repo id; other arguments go to
     ``transformers.pipeline`` (``device``, ``top_k``, ``max_answer_len``, ...).

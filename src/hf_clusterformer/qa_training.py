@@ -1,7 +1,7 @@
 """Train and evaluate Cluster-Former on long-context extractive QA (the logic of examples/run_qa.py and the CLI).
 
-Data: the generated long-range set (``longrange`` / ``local``), the SQuAD-based multi-passage set
-(``squad-multipassage``), local SQuAD-format json/jsonl files, or a dataset name from the Hub when online.
+Data: local SQuAD-format json/jsonl files (``--train_file`` / ``--validation_file``), the SQuAD-based multi-passage
+set (``squad-multipassage``), or a dataset name from the Hub when online.
 Every context is ONE feature (no doc-stride splitting). Training uses the HF `Trainer` with
 `CentroidUpdateCallback`; evaluation maps logits to answer texts and scores SQuAD EM/F1.
 """
@@ -36,8 +36,7 @@ from .configuration_clusterformer import (
     model_options,
     required_position_embeddings,
 )
-from .data import build_longrange_tokenizer, build_tokenizer, load_longrange_dataset, load_multipassage_dataset
-from .data.longrange import squad_features
+from .data import build_tokenizer, load_multipassage_dataset, squad_features
 from .features import misplaced_answers, postprocess_predictions, prepare_train_features, prepare_validation_features
 from .conversion import check_centroid_memory, check_context_length, load_qa_model
 from .hub import RESULT_FILES, check_output_dir, check_result_files, holds_model, write_checkpoint, writing_model_dir
@@ -48,7 +47,8 @@ from .pipeline import check_trained
 
 logger = logging.getLogger(__name__)
 
-GENERATED = ("longrange", "local")
+#: Data sets this command generated before it read SQuAD-format files only: `load_raw_datasets` says where they went.
+FORMER_GENERATED = ("longrange", "local", "mention", "twin")
 
 
 #: run_qa's notes on a model option's default (where it differs from the config's).
@@ -115,19 +115,23 @@ ModelArguments = _model_arguments()
 class DataArguments:
     """Which data, and how to turn logits into answers."""
 
-    dataset: str = field(
-        default="longrange",
-        metadata={"help": "longrange | local (generated), squad-multipassage (built from SQuAD v1.1 dev), or a Hub dataset name."},
+    dataset: str | None = field(
+        default=None,
+        metadata={"help": "squad-multipassage (built from SQuAD v1.1 dev) or a Hub dataset name; not needed with "
+                          "--train_file / --validation_file."},
     )
     train_file: str | None = field(default=None, metadata={"help": "SQuAD-format json/jsonl training file."})
     validation_file: str | None = field(default=None, metadata={"help": "SQuAD-format json/jsonl validation file."})
     squad_path: str | None = field(default=None, metadata={"help": "SQuAD v1.1 json/zip for squad-multipassage."})
-    train_samples: int = field(default=2000, metadata={"help": "Generated/built training examples (or a cap on files)."})
-    eval_samples: int = field(default=200, metadata={"help": "Generated/built validation examples (or a cap on files)."})
-    context_tokens_min: int = field(default=2000, metadata={"help": "Shortest generated context (approximate tokens)."})
-    context_tokens_max: int = field(default=8000, metadata={"help": "Longest generated context (approximate tokens)."})
-    min_gap_tokens: int = field(default=300, metadata={"help": "Least distance between the two facts of a generated chain."})
-    dataset_seed: int = field(default=0, metadata={"help": "Seed of the generated/built data."})
+    train_samples: int = field(default=2000, metadata={"help": "Built training examples (squad-multipassage), or a cap on "
+                                                                "the files' and Hub data's (0: all)."})
+    eval_samples: int = field(default=200, metadata={"help": "Built validation examples (squad-multipassage), or a cap "
+                                                              "on the files' and Hub data's (0: all)."})
+    context_tokens_min: int = field(default=2000, metadata={"help": "squad-multipassage: shortest built context "
+                                                                     "(approximate tokens)."})
+    context_tokens_max: int = field(default=8000, metadata={"help": "squad-multipassage: longest built context "
+                                                                     "(approximate tokens)."})
+    dataset_seed: int = field(default=0, metadata={"help": "Seed of the built data (squad-multipassage)."})
     max_seq_length: int = field(default=16384, metadata={"help": "Tokens per feature (question + context); longer contexts are truncated."})
     max_answer_length: int = field(default=30, metadata={"help": "Longest answer in tokens."})
 
@@ -307,22 +311,22 @@ def _check_answer_offsets(splits: dict[str, datasets.Dataset]) -> None:
             )
 
 
-def load_raw_datasets(data: DataArguments, do_train: bool = True) -> datasets.DatasetDict:
-    """The train/validation splits as SQuAD-format records."""
+def load_raw_datasets(data: DataArguments) -> datasets.DatasetDict:
+    """The train/validation splits as SQuAD-format records: the files given, else the built or Hub data set."""
     splits: dict[str, datasets.Dataset] = {}
     if data.train_file or data.validation_file:
         if data.train_file:
             splits["train"] = _load_file(data.train_file)
         if data.validation_file:
             splits["validation"] = _load_file(data.validation_file)
-    elif data.dataset in GENERATED:
-        return load_longrange_dataset(
-            data.dataset,
-            train_size=data.train_samples if do_train else 1,
-            validation_size=data.eval_samples,
-            seed=data.dataset_seed,
-            context_tokens=(data.context_tokens_min, data.context_tokens_max),
-            min_gap_tokens=data.min_gap_tokens,
+    elif data.dataset is None:
+        raise ValueError("no data: give --train_file / --validation_file (SQuAD-format json/jsonl), --dataset "
+                         "squad-multipassage or --dataset with a Hub dataset name.")
+    elif data.dataset in FORMER_GENERATED:
+        raise ValueError(
+            f"--dataset {data.dataset}: the generated long-range sets are not built by this command; write them as "
+            f"SQuAD-format files (`python -m clusterformer_research.longrange --kind {data.dataset} --out train.json`, "
+            "the research package of the hf-clusterformer repository) and pass --train_file / --validation_file."
         )
     elif data.dataset == "squad-multipassage":
         built = load_multipassage_dataset(
@@ -351,14 +355,13 @@ def load_raw_datasets(data: DataArguments, do_train: bool = True) -> datasets.Da
 
 
 def load_tokenizer(model: ModelArguments, data: DataArguments, raw: datasets.DatasetDict, output_dir: str):
-    """The checkpoint's tokenizer, a named one, or a byte-level BPE built on the training contexts."""
+    """The checkpoint's tokenizer, a named one, or a byte-level BPE built on the training questions and contexts
+    (the validation split's without training data)."""
     name = model.tokenizer_name or model.model_name_or_path
     if name:
         tokenizer = AutoTokenizer.from_pretrained(name)
         tokenizer.model_max_length = max(tokenizer.model_max_length, data.max_seq_length)
         return tokenizer
-    if data.dataset in GENERATED and not (data.train_file or data.validation_file):
-        return build_longrange_tokenizer(vocab_size=model.vocab_size, seed=data.dataset_seed)
     split = raw["train"] if "train" in raw else raw["validation"]
     texts = (row["question"] + "\n" + row["context"] for row in split)
     return build_tokenizer(texts, vocab_size=model.vocab_size)
@@ -500,7 +503,7 @@ def _run(model_args, data_args, centroid_args, training_args, callbacks, name: s
     start = time.time()
     if training_args.dataloader_pin_memory and not torch.cuda.is_available():
         training_args.dataloader_pin_memory = False  # pinned memory needs an accelerator; torch warns each epoch
-    raw = load_raw_datasets(data_args, do_train=training_args.do_train)
+    raw = load_raw_datasets(data_args)
     if training_args.do_train and "train" not in raw:
         raise ValueError("--do_train needs training data: give --train_file or a dataset with a train split.")
     if training_args.do_eval and "validation" not in raw:

@@ -1,43 +1,33 @@
-"""Datasets and tokenizers for long-context extractive QA."""
+"""Data for long-context extractive QA: SQuAD-format records, the SQuAD-based multi-passage set and locally trained
+tokenizers.
 
-from .longrange import (
-    PERSON_NAMES,
-    PLACE_NAMES,
-    approx_token_count,
-    generate_longrange_dataset,
-    load_longrange_dataset,
-    longrange_corpus,
-    squad_features,
-)
+Training reads SQuAD-format json/jsonl files (`hf_clusterformer.qa_training`); the multi-passage set is built here
+from the SQuAD v1.1 dev file.
+"""
+
 from .multipassage import (
     build_multipassage_dataset,
     default_squad_path,
     load_multipassage_dataset,
     read_squad,
 )
+from .squad import approx_token_count, squad_features
 from .tokenizer import (
     MODEL_MAX_LENGTH,
     PASSAGE_TOKEN,
     SPECIAL_TOKENS,
-    build_longrange_tokenizer,
     build_tokenizer,
 )
 
 __all__ = [
     "MODEL_MAX_LENGTH",
     "PASSAGE_TOKEN",
-    "PERSON_NAMES",
-    "PLACE_NAMES",
     "SPECIAL_TOKENS",
     "approx_token_count",
-    "build_longrange_tokenizer",
     "build_multipassage_dataset",
     "build_tokenizer",
     "default_squad_path",
-    "generate_longrange_dataset",
-    "load_longrange_dataset",
     "load_multipassage_dataset",
-    "longrange_corpus",
     "read_squad",
     "squad_features",
 ]

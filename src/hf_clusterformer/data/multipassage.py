@@ -21,7 +21,7 @@ import numpy as np
 if TYPE_CHECKING:
     import datasets
 
-from .longrange import approx_token_count
+from .squad import approx_token_count, squad_features
 from .tokenizer import PASSAGE_TOKEN
 
 __all__ = [
@@ -201,8 +201,6 @@ def load_multipassage_dataset(
 ) -> datasets.Dataset:
     """:func:`build_multipassage_dataset` as a ``datasets.Dataset``."""
     import datasets
-
-    from .longrange import squad_features
 
     path = default_squad_path() if squad_zip_path is None else squad_zip_path
     records = build_multipassage_dataset(path, num_examples, **kwargs)

@@ -16,7 +16,6 @@ __all__ = [
     "MODEL_MAX_LENGTH",
     "PASSAGE_TOKEN",
     "SPECIAL_TOKENS",
-    "build_longrange_tokenizer",
     "build_tokenizer",
 ]
 
@@ -73,14 +72,3 @@ def build_tokenizer(
         tokenizer.save_pretrained(save_dir)
     return tokenizer
 
-
-def build_longrange_tokenizer(
-    vocab_size: int = 1300,
-    seed: int = 0,
-    num_examples: int = 100,
-    save_dir: str | os.PathLike[str] | None = None,
-) -> RobertaTokenizerFast:
-    """Tokenizer for the generated long-range data: every pooled name is a single token."""
-    from .longrange import longrange_corpus
-
-    return build_tokenizer(longrange_corpus(num_examples, seed), vocab_size, save_dir)

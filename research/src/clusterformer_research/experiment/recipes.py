@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from ..centroid_updates import SMALL_MODEL_CENTROIDS, CentroidUpdateSettings
+from hf_clusterformer.centroid_updates import SMALL_MODEL_CENTROIDS, CentroidUpdateSettings
 
 __all__ = ["MAIN_VARIANTS", "PRESETS", "Preset", "Stage", "VARIANTS", "VARIANT_LAYER_TYPE", "VARIANT_OPTIONS",
            "make_preset"]

@@ -4,7 +4,7 @@ Three rooms: `recipes` (what is trained: variants, data, stages; `make_preset`),
 evaluation, the queue of runs; `compare`) and `report` (the Markdown/JSON record, positional shortcuts, PNGs).
 ``bench/reproduce_longrange.py`` and ``examples/demo.py`` run them.
 
-The data are the generated long-range questions (`hf_clusterformer.data.longrange`): ``twin`` (one-hop: the place
+The data are the generated long-range questions (`clusterformer_research.longrange`): ``twin`` (one-hop: the place
 named twice, its two mentions further apart than any stack of windows relays), ``longrange`` (two-hop) and ``local``
 (one sentence, the control). Training only: inference never imports this package.
 """

@@ -1,8 +1,8 @@
 """Running the fine-tuning experiments: data, models, the training loop, evaluation and the queue of runs.
 
-`compare` fine-tunes every variant of a recipe (`hf_clusterformer.experiment.recipes`) with every seed on the same
-data and steps and hands the runs to `hf_clusterformer.experiment.report`. One run (`run_one`) is a plain loop
-(AdamW, a warm-up then constant or linear schedule, `CentroidUpdater` after every step), which runs where
+`compare` fine-tunes every variant of a recipe (`clusterformer_research.experiment.recipes`) with every seed on the
+same data and steps and hands the runs to `clusterformer_research.experiment.report`. One run (`run_one`) is a plain
+loop (AdamW, a warm-up then constant or linear schedule, `CentroidUpdater` after every step), which runs where
 ``datasets`` and ``evaluate`` are not installed (the GPU machine), with a learning curve of held-out far (and near)
 ``twin`` questions every ``curve_every`` steps.
 """
@@ -21,13 +21,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..centroid_updates import CentroidUpdater
-from ..data.longrange import generate_longrange_dataset
-from ..features import prepare_train_features, prepare_validation_features
-from ..conversion import convert_checkpoint
-from ..hub import check_output_dir, quiet_loading, save_for_hub
-from ..modeling_clusterformer import ClusterFormerForQuestionAnswering
-from ..pipeline import rank_spans
+from hf_clusterformer.centroid_updates import CentroidUpdater
+from hf_clusterformer.features import prepare_train_features, prepare_validation_features
+from hf_clusterformer.conversion import convert_checkpoint
+from hf_clusterformer.hub import check_output_dir, quiet_loading, save_for_hub
+from hf_clusterformer.modeling_clusterformer import ClusterFormerForQuestionAnswering
+from hf_clusterformer.pipeline import rank_spans
+
+from ..longrange import generate_longrange_dataset
 from .recipes import MAIN_VARIANTS, PRETRAINED_ORIGIN, VARIANT_LAYER_TYPE, VARIANT_OPTIONS, Preset, Stage
 from .report import positional_shortcuts, write_report
 
@@ -91,7 +92,7 @@ def resolve_pretrained(preset: Preset, pretrained: str | os.PathLike | None, wor
         corpus = [r["question"] + " " + r["context"] for kind, options in preset.eval.items()
                   for r in generate(kind, options, 20, "corpus", 0, preset.num_facts)]
         return tiny_bert(work / "tiny-bert", corpus)
-    from ..pretrained import fetch_pretrained
+    from hf_clusterformer.pretrained import fetch_pretrained
 
     return fetch_pretrained(cache_dir=pretrained)
 
@@ -345,7 +346,7 @@ def save_model(model, tokenizer, setup: RunSetup, variant: str) -> None:
     preset = setup.preset
     card = {"model_id": f"clusterformer-{variant}",
             "base_model": PRETRAINED_ORIGIN if preset.pretrained == "minilm" else None,
-            "training_data": "Generated long-range QA (`hf_clusterformer.data.longrange`): " + ", ".join(preset.eval),
+            "training_data": "Generated long-range QA (`clusterformer_research.longrange`): " + ", ".join(preset.eval),
             "centroids_fitted": {i: bool(r.fitted) for i, r in model.cluster_routers().items()}}
     save_for_hub(model.cpu().eval(), tokenizer, setup.save_dir / variant,
                  card_data={k: v for k, v in card.items() if v is not None}, overwrite=setup.overwrite)
@@ -443,7 +444,7 @@ def compare(
     learning curves, ``curves.png``) to ``output_dir``.
 
     Args:
-        preset: the recipe (`hf_clusterformer.experiment.make_preset`).
+        preset: the recipe (`clusterformer_research.experiment.make_preset`).
         output_dir: where the results (and, with ``save_models``, each variant's first-seed model) go.
         name: the recipe's name, for the report.
         pretrained: folder of the pretrained files (default: `hf_clusterformer.pretrained.fetch_pretrained`'s cache).

@@ -28,25 +28,37 @@ in the question with the same name in the context, the step that both other kind
 facts cannot tell it from the once-named places; a layer that brings both mentions together can.
 
 Names are drawn from small fixed pools (each name is one token of the tokenizer built by
-:func:`hf_clusterformer.data.tokenizer.build_longrange_tokenizer`), sentences follow fixed
+:func:`build_longrange_tokenizer`), sentences follow fixed
 templates, and every example depends only on ``(seed, kind, index)``.
 
 Lengths are measured in approximate tokens: words plus punctuation marks, i.e. the pieces of
 the byte-level pre-tokenizer. Each piece becomes at least one BPE token, so gaps counted this
 way are lower bounds on gaps in real tokens.
+
+The library (``hf_clusterformer``) does not generate these sets: ``python -m clusterformer_research.longrange`` writes
+one split as a SQuAD-format file (`write_squad_file`), which ``clusterformer train`` / ``evaluate`` read with
+``--train_file`` / ``--validation_file``; ``--tokenizer_dir`` saves the tokenizer whose names are single tokens
+(`build_longrange_tokenizer`), for ``--tokenizer_name``.
 """
 
 from __future__ import annotations
 
+import argparse
 import itertools
-import re
+import json
+import os
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from hf_clusterformer.data import approx_token_count, build_tokenizer, squad_features
+
 if TYPE_CHECKING:
     import datasets
+    from transformers import RobertaTokenizerFast
 
 __all__ = [
     "KINDS",
@@ -54,11 +66,13 @@ __all__ = [
     "WORD_PLACE_NAMES",
     "PERSON_NAMES",
     "PLACE_NAMES",
-    "approx_token_count",
+    "build_longrange_tokenizer",
     "generate_longrange_dataset",
     "load_longrange_dataset",
     "longrange_corpus",
-    "squad_features",
+    "main",
+    "squad_json",
+    "write_squad_file",
 ]
 
 KINDS = ("longrange", "local", "mention", "twin")
@@ -106,14 +120,6 @@ _QUESTION = "Where does {} live?"
 _MENTION = "Who is {} with a home?"
 _TWIN = "Which place has two residents?"
 _FACT_LEN = 5  # approximate tokens of both fact templates: name, lives, with|in, name, "."
-
-_APPROX_TOKEN_RE = re.compile(r"\w+|[^\w\s]+")
-
-
-def approx_token_count(text: str) -> int:
-    """Count words and punctuation runs: a lower bound on byte-level BPE tokens."""
-    return len(_APPROX_TOKEN_RE.findall(text))
-
 
 def _build_fillers() -> tuple[list[str], list[str]]:
     nouns = "market river road square library bridge forest garden harbour school".split()
@@ -513,19 +519,122 @@ def load_longrange_dataset(
     return datasets.DatasetDict(splits)
 
 
-def squad_features() -> datasets.Features:
-    """``datasets.Features`` of SQuAD-format records."""
-    import datasets
 
-    return datasets.Features(
-        {
-            "id": datasets.Value("string"),
-            "title": datasets.Value("string"),
-            "question": datasets.Value("string"),
-            "context": datasets.Value("string"),
-            "answers": {
-                "text": datasets.List(datasets.Value("string")),
-                "answer_start": datasets.List(datasets.Value("int32")),
-            },
-        }
-    )
+def build_longrange_tokenizer(
+    vocab_size: int = 1300,
+    seed: int = 0,
+    num_examples: int = 100,
+    save_dir: str | os.PathLike[str] | None = None,
+) -> RobertaTokenizerFast:
+    """Tokenizer for the generated long-range data: every pooled name is a single token
+    (`hf_clusterformer.data.build_tokenizer` on `longrange_corpus`)."""
+    return build_tokenizer(longrange_corpus(num_examples, seed), vocab_size, save_dir)
+
+
+# -- SQuAD-format files ---------------------------------------------------------------------------------------------
+
+
+def squad_json(records: Sequence[dict[str, Any]], version: str = "longrange") -> dict[str, Any]:
+    """Records in the official nested SQuAD v1.1 layout, one article (titled by the record) per record:
+    ``{"version", "data": [{"title", "paragraphs": [{"context", "qas": [{"id", "question", "answers"}]}]}]}``."""
+    return {
+        "version": version,
+        "data": [
+            {
+                "title": record["title"],
+                "paragraphs": [
+                    {
+                        "context": record["context"],
+                        "qas": [
+                            {
+                                "id": record["id"],
+                                "question": record["question"],
+                                "answers": [
+                                    {"text": text, "answer_start": start}
+                                    for text, start in zip(record["answers"]["text"], record["answers"]["answer_start"])
+                                ],
+                            }
+                        ],
+                    }
+                ],
+            }
+            for record in records
+        ],
+    }
+
+
+def write_squad_file(records: Sequence[dict[str, Any]], path: str | os.PathLike[str], overwrite: bool = False) -> Path:
+    """Write records as a file that ``clusterformer train`` / ``evaluate`` read (``--train_file``,
+    ``--validation_file``): ``.json`` in the nested SQuAD layout (`squad_json`), ``.jsonl`` as one flat record a
+    line. An existing file is replaced only with ``overwrite`` (`FileExistsError` otherwise)."""
+    path = Path(path)
+    if path.suffix not in (".json", ".jsonl"):
+        raise ValueError(f"{path} must end in .json (nested SQuAD layout) or .jsonl (one record a line).")
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path} exists; pass --overwrite to replace it.")
+    if path.suffix == ".jsonl":
+        text = "".join(json.dumps(record) + "\n" for record in records)
+    else:
+        text = json.dumps(squad_json(records))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m clusterformer_research.longrange``: write one split of a generated set as a SQuAD-format file
+    (and, with ``--tokenizer_dir``, the tokenizer whose names are single tokens) for the library's training command::
+
+        python -m clusterformer_research.longrange --kind local --split train --num_examples 2000 --out train.json \\
+            --tokenizer_dir tokenizer
+        python -m clusterformer_research.longrange --kind local --split validation --num_examples 200 --out dev.json
+        clusterformer train --train_file train.json --validation_file dev.json --tokenizer_name tokenizer ...
+
+    Errors are one line on stderr, exit status 2.
+    """
+    parser = argparse.ArgumentParser(prog="python -m clusterformer_research.longrange",
+                                     description=main.__doc__.splitlines()[0].split(": ", 1)[1])
+    parser.add_argument("--kind", choices=KINDS, default="longrange", help="question kind (default: %(default)s)")
+    parser.add_argument("--out", default=None, help="file to write: .json (nested SQuAD layout) or .jsonl")
+    parser.add_argument("--split", default="train", help="split name mixed into the seed (default: %(default)s)")
+    parser.add_argument("--num_examples", type=int, default=2000, help="records (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--context_tokens", type=int, nargs=2, default=(2000, 8000), metavar=("MIN", "MAX"),
+                        help="context lengths in approximate tokens (default: 2000 8000)")
+    parser.add_argument("--min_gap_tokens", type=int, default=300,
+                        help="least distance between the facts a question joins (default: %(default)s)")
+    parser.add_argument("--max_gap_tokens", type=int, default=None, help="twin: most distance between the mentions")
+    parser.add_argument("--fact_fraction", type=float, default=0.5, help="share of sentences drawn as facts")
+    parser.add_argument("--max_chains", type=int, default=None, help="chains per context (default: all that fit)")
+    parser.add_argument("--num_facts", type=int, default=16, help="twin: place facts per context")
+    parser.add_argument("--names", choices=tuple(_NAME_POOLS), default="invented", help="twin: name pools")
+    parser.add_argument("--placement", choices=("gap", "balanced"), default="gap", help="twin: fact placement")
+    parser.add_argument("--target", choices=("first", "later"), default="first", help="twin: the trained mention")
+    parser.add_argument("--tokenizer_dir", default=None,
+                        help="also save the tokenizer of the generated text here (every name one token)")
+    parser.add_argument("--vocab_size", type=int, default=1300, help="--tokenizer_dir: vocabulary size")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+    args = parser.parse_args(argv)
+    if args.out is None and args.tokenizer_dir is None:
+        parser.error("give --out (the data file), --tokenizer_dir, or both")
+    try:
+        if args.out is not None:
+            records = generate_longrange_dataset(
+                args.num_examples, args.seed, tuple(args.context_tokens), args.kind, min_gap_tokens=args.min_gap_tokens,
+                fact_fraction=args.fact_fraction, max_chains=args.max_chains, split=args.split,
+                max_gap_tokens=args.max_gap_tokens, num_facts=args.num_facts, names=args.names,
+                placement=args.placement, target=args.target,
+            )
+            path = write_squad_file(records, args.out, overwrite=args.overwrite)
+            print(f"{len(records)} {args.kind} records ({args.split}) written to {path}")
+        if args.tokenizer_dir is not None:
+            build_longrange_tokenizer(args.vocab_size, seed=args.seed, save_dir=args.tokenizer_dir)
+            print(f"tokenizer saved to {args.tokenizer_dir}")
+    except (OSError, ValueError) as error:
+        print(f"{parser.prog}: error: {' '.join(str(error).split())}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

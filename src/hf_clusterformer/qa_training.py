@@ -499,6 +499,23 @@ def run(
     return _run(model_args, data_args, centroid_args, training_args, callbacks, Path(output_dir).resolve().name)
 
 
+def _train_features(raw_train: Any, tokenizer: Any, data_args: Any, model: Any, metrics: dict[str, Any]) -> Any:
+    """The training set as features (one per example, answers as token positions), its question lengths checked;
+    ``metrics["train_answers_truncated"]`` counts the answers lost to ``--max_seq_length``."""
+    train_features = raw_train.map(
+        prepare_train_features, batched=True, remove_columns=raw_train.column_names,
+        fn_kwargs={"tokenizer": tokenizer, "max_length": data_args.max_seq_length, "stats": {}},
+        load_from_cache_file=False, desc="Tokenizing training",
+    )
+    check_question_lengths(train_features, model.config, "training")
+    truncated = sum(train_features["answer_truncated"])
+    if truncated:
+        logger.warning("%d of %d training answers were lost to truncation at %d tokens.", truncated,
+                       len(train_features), data_args.max_seq_length)
+    metrics["train_answers_truncated"] = truncated
+    return train_features.remove_columns(["answer_truncated"])
+
+
 def _run(model_args, data_args, centroid_args, training_args, callbacks, name: str) -> dict[str, Any]:
     start = time.time()
     if training_args.dataloader_pin_memory and not torch.cuda.is_available():
@@ -516,23 +533,7 @@ def _run(model_args, data_args, centroid_args, training_args, callbacks, name: s
         check_trained(model, model_args.allow_untrained)
 
     metrics: dict[str, Any] = {}
-    train_features = None
-    if training_args.do_train:
-        stats: dict[str, int] = {}
-        train_features = raw["train"].map(
-            prepare_train_features,
-            batched=True,
-            remove_columns=raw["train"].column_names,
-            fn_kwargs={"tokenizer": tokenizer, "max_length": data_args.max_seq_length, "stats": stats},
-            load_from_cache_file=False,
-            desc="Tokenizing training",
-        )
-        check_question_lengths(train_features, model.config, "training")
-        truncated = sum(train_features["answer_truncated"])
-        if truncated:
-            logger.warning("%d of %d training answers were lost to truncation at %d tokens.", truncated, len(train_features), data_args.max_seq_length)
-        metrics["train_answers_truncated"] = truncated
-        train_features = train_features.remove_columns(["answer_truncated"])
+    train_features = _train_features(raw["train"], tokenizer, data_args, model, metrics) if training_args.do_train else None
 
     all_callbacks = list(callbacks or [])
     if "cluster" in model.config.layer_kinds:

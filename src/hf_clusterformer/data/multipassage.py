@@ -126,15 +126,8 @@ def build_multipassage_dataset(
         position = int(rng.integers(len(chosen) + 1))
         chosen.insert(position, gold)
         context, answers = _join_passages(paragraphs, chosen, position, qa, prefix)
-        records.append(
-            {
-                "id": qa["id"],
-                "title": squad["data"][article_of[gold]]["title"],
-                "question": qa["question"],
-                "context": context,
-                "answers": answers,
-            }
-        )
+        records.append({"id": qa["id"], "title": squad["data"][article_of[gold]]["title"], "question": qa["question"],
+                        "context": context, "answers": answers})
     return records
 
 

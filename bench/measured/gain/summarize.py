@@ -1,0 +1,62 @@
+#!/usr/bin/env python
+"""Learning curves of the gated twin study from its logs (``bench/twin_swaps.py`` prints one JSON line per evaluation):
+a Markdown table per seed, Cluster-Former and the sliding-window model side by side, with the held-out sets'
+positional shortcuts.
+
+    python bench/measured/gain/summarize.py bench/measured/gain > bench/measured/gain/results.md
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def read_log(path: Path) -> tuple[dict, list[dict]]:
+    """(shortcuts, curve points) of one run's log."""
+    shortcuts, points = {}, []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.startswith("{"):
+            continue
+        record = json.loads(line)
+        if "shortcuts" in record:
+            shortcuts = record["shortcuts"]
+        elif "stage" in record:
+            points.append(record)
+    return shortcuts, points
+
+
+def table(seed: str, runs: dict[str, list[dict]]) -> list[str]:
+    """One seed's curves: a row per evaluation step, near and far start EM of both models."""
+    steps = sorted({(p["global_step"], p["stage"], p["step"]) for points in runs.values() for p in points})
+    lines = [f"### seed {seed}", "", "| stage | step | Cluster-Former near / far start EM (far text EM) | "
+             "sliding-window near / far start EM (far text EM) |", "|---|---|---|---|"]
+    for global_step, stage, step in steps:
+        cells = []
+        for variant in ("clusterformer", "sliding"):
+            point = next((p for p in runs.get(variant, []) if p["global_step"] == global_step), None)
+            cells.append("–" if point is None else
+                         f"{point['near_start_em']} / {point['far_start_em']} ({point.get('far_text_em', '–')})")
+        lines.append(f"| {stage} | {step} | {cells[0]} | {cells[1]} |")
+    return lines + [""]
+
+
+def main(folder: str) -> None:
+    runs: dict[str, dict[str, list[dict]]] = {}
+    shortcuts = {}
+    for path in sorted(Path(folder).glob("*-seed*.log")):
+        variant, seed = path.stem.split("-seed")
+        shortcuts[seed], runs.setdefault(seed, {})[variant] = read_log(path)
+    out = ["# Gated twin study: learning curves", ""]
+    for seed in sorted(runs):
+        out += table(seed, runs[seed])
+        for name, values in shortcuts[seed].items():
+            out.append(f"- {name} held-out shortcuts (text EM of answering by fact position): "
+                       + ", ".join(f"{key} {value}" for key, value in values.items()))
+        out.append("")
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else str(Path(__file__).parent))

@@ -1150,8 +1150,11 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
             return None, None, prefix, lengths, starts, single
         last = (starts + lengths - 1).clamp(min=0).unsqueeze(1)
         context = lengths - prefix - torch.gather(is_sep, 1, last).squeeze(1).long()  # without the closing separator
-        prefixes, totals = self._read_back_and_check(input_ids, prefix, lengths, question, context, one_block, found)
-        return prefixes, totals, prefix, lengths, starts, single
+        stats = self._row_facts(input_ids, prefix, lengths, question, context, one_block, found).tolist()  # one read-back
+        if len(stats) > 6:
+            self._check_token_ids(stats[6][0], stats[7][0])
+        self._check_rows(*stats[1:6], "input_ids" if input_ids is not None else "inputs_embeds")
+        return stats[0], stats[1], prefix, lengths, starts, single
 
     def _real_tokens(
         self, input_ids: torch.Tensor | None, reference: torch.Tensor, attention_mask: torch.Tensor | None
@@ -1168,22 +1171,18 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
             )
         return attention_mask.bool()
 
-    def _read_back_and_check(
-        self, input_ids: torch.Tensor | None, prefix: torch.Tensor, lengths: torch.Tensor, question: torch.Tensor,
+    @staticmethod
+    def _row_facts(
+        input_ids: torch.Tensor | None, prefix: torch.Tensor, lengths: torch.Tensor, question: torch.Tensor,
         context: torch.Tensor, one_block: torch.Tensor, found: torch.Tensor,
-    ) -> tuple[list[int], list[int]]:
-        """Read the (B,) row facts back in one transfer (with the id range of ``input_ids``) and check them (one line
-        naming the row and the fix): -> per example, the prefix and real lengths as Python ints."""
+    ) -> torch.Tensor:
+        """(6, B) or (8, B) long: the (B,) row facts stacked to come back in one transfer, plus two rows holding the
+        smallest and largest id of ``input_ids`` (when given) for the vocabulary check."""
         stats = torch.stack([prefix, lengths, question, context, one_block.long(), found.long()])
-        check_ids = input_ids is not None and input_ids.numel() > 0
-        if check_ids:  # the id range comes back with the lengths: one read-back per forward
+        if input_ids is not None and input_ids.numel() > 0:
             bounds = torch.stack([input_ids.min(), input_ids.max()]).to(stats.dtype)
             stats = torch.cat([stats, bounds.view(2, 1).expand(2, prefix.shape[0])])
-        stats = stats.tolist()
-        if check_ids:
-            self._check_token_ids(stats[6][0], stats[7][0])
-        self._check_rows(*stats[1:6], "input_ids" if input_ids is not None else "inputs_embeds")
-        return stats[0], stats[1]
+        return stats
 
     def _check_inputs(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None) -> None:
         """One of (B, T) integer ``input_ids`` or (B, T, d) ``inputs_embeds``, else one line."""

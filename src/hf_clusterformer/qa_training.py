@@ -204,14 +204,19 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None, usage_err
     return parser.parse_args_into_dataclasses(args=argv)
 
 
-def print_help(prog: str | None = None, training: bool = False) -> None:
+def print_help(prog: str | None = None, training: bool = False, output_dir: str | None = None) -> None:
     """Help of ``clusterformer train`` / ``evaluate``: this package's options, and `TrainingArguments`' only with
-    ``training`` (``--help-training``)."""
+    ``training`` (``--help-training``); ``output_dir``: the folder written without ``--output_dir``."""
     classes = (ModelArguments, DataArguments, CentroidArguments, *((TrainingArguments,) if training else ()))
     epilog = None if training else (
         "Every option of transformers' TrainingArguments applies too (--output_dir, --max_steps, --learning_rate, "
         "--per_device_train_batch_size, --seed, --do_train, --do_eval, ...): see --help-training."
     )
+    if output_dir is not None:
+        default = (f"Without --output_dir, train writes its model and records (all_results.json, "
+                   f"eval_predictions.json), evaluate its records, to {output_dir}; a model or records already there "
+                   "are kept unless --overwrite.")
+        epilog = default if epilog is None else f"{epilog} {default}"
     _argument_parser(classes, prog=prog, epilog=epilog).print_help()
 
 

@@ -312,17 +312,39 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _quiet_export(verbose: bool) -> Iterator[None]:
+    """Without ``-v``: none of the exporters' notes (torch.onnx's skipped torchvision ops, FutureWarnings of the
+    libraries' internals) for the block."""
+    if verbose:
+        yield
+        return
+    import logging
+    import warnings
+
+    onnx = logging.getLogger("torch.onnx")
+    level = onnx.level
+    onnx.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            yield
+    finally:
+        onnx.setLevel(level)
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
     check_model_path(args.model, "MODEL_DIR")
-    from hf_clusterformer.export import ExportError, export_model
+    from hf_clusterformer.export import ExportError, export_format, export_model
 
     try:
-        out = export_model(args.model, args.out, format=args.format, allow_untrained=args.allow_untrained,
-                           overwrite=args.overwrite)
+        with _quiet_export(getattr(args, "verbose", False)):
+            out = export_model(args.model, args.out, format=args.format, allow_untrained=args.allow_untrained,
+                               overwrite=args.overwrite)
     except ExportError as error:
         raise CommandError(str(error).replace("allow_untrained=True (--allow-untrained)", "--allow-untrained")
                            .replace("overwrite=True (--overwrite)", "--overwrite")) from error
-    print(f"wrote {out} ({args.format}: dynamic batch and length)")
+    print(f"wrote {out} ({args.format or export_format(out)}: dynamic batch and length)")
     return 0
 
 
@@ -541,6 +563,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(_dash_options(parser, argv))
         handler = {"predict": _cmd_predict, "inspect": _cmd_inspect, "convert": _cmd_convert, "push": _cmd_push,
                    "export": _cmd_export}
+        args.verbose = verbose
         with _quiet(verbose):
             return handler[args.command](args)
     except CommandError as error:

@@ -817,3 +817,19 @@ def test_train_and_evaluate_help_name_the_default_output_folder(capsys):
         main(["--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert text.count("--output_dir (default outputs/run_qa)") == 2
+
+
+def test_export_is_quiet_unless_verbose(hub_model, tmp_path, capfd, caplog):
+    """Row: ``export`` printed torch.onnx's torchvision notes and a FutureWarning (and "(None: ...)" for the format)."""
+    import warnings
+
+    pytest.importorskip("onnxscript")
+    capfd.readouterr()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(["export", str(hub_model), str(tmp_path / "model.onnx")]) == 0
+    out, err = capfd.readouterr()
+    assert out.strip().splitlines()[-1] == f"wrote {tmp_path / 'model.onnx'} (onnx: dynamic batch and length)"
+    assert "torchvision" not in err and "FutureWarning" not in err, err[-2000:]
+    assert not [r.getMessage() for r in caplog.records if r.name.startswith("torch.onnx")]
+    assert not [w for w in caught if issubclass(w.category, FutureWarning)], [str(w.message) for w in caught]

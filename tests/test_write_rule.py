@@ -833,3 +833,30 @@ def test_export_is_quiet_unless_verbose(hub_model, tmp_path, capfd, caplog):
     assert "torchvision" not in err and "FutureWarning" not in err, err[-2000:]
     assert not [r.getMessage() for r in caplog.records if r.name.startswith("torch.onnx")]
     assert not [w for w in caught if issubclass(w.category, FutureWarning)], [str(w.message) for w in caught]
+
+
+def test_sigterm_while_a_model_folder_is_written_leaves_no_partial_folder(tmp_path):
+    """Row: a SIGTERM during ``train --overwrite`` left a hidden 0700 ``.partial`` folder (SIGINT cleaned up)."""
+    import signal
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"old": 1}', encoding="utf-8")
+    code = """
+import sys, time
+from hf_clusterformer_files import writing_model_dir
+with writing_model_dir(sys.argv[1], overwrite=True) as staging:
+    (staging / "config.json").write_text("{}", encoding="utf-8")
+    print("writing", flush=True)
+    time.sleep(60)
+"""
+    process = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE, text=True, env=ENV)
+    try:
+        assert process.stdout.readline().strip() == "writing"
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == -signal.SIGTERM  # ended by the signal, as before, once cleaned up
+    finally:
+        process.kill()
+        process.stdout.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+    assert (folder / "config.json").read_text(encoding="utf-8") == '{"old": 1}'

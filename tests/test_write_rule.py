@@ -860,3 +860,20 @@ with writing_model_dir(sys.argv[1], overwrite=True) as staging:
         process.stdout.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
     assert (folder / "config.json").read_text(encoding="utf-8") == '{"old": 1}'
+
+
+def test_inspect_says_when_nothing_was_routed_and_shows_small_shares():
+    """Row: ``inspect`` printed "(0%; 0% if chunks were drawn at random)": a share below 1% showed as 0%, and a
+    report with nothing routed printed an empty listing."""
+    from hf_clusterformer.inspection import ClusterMember, ClusterReport
+
+    assert ClusterReport(layer=1, chunk_size=24).format() == (
+        "Cluster layer 1: nothing was routed (no state of the input took part in a cluster), so there are no clusters "
+        "to list.")
+    report = ClusterReport(layer=1, chunk_size=1)  # 400 chunks of one state: 0.25% expected by chance
+    for position in range(400):
+        report.clusters.setdefault(position % 4, []).append(
+            ClusterMember(token="ab"[position % 2], position=position, window=0, is_question=False, chunk=position))
+    shared, pairs, chance = report.repeated_token_colocation()
+    assert shared == 0 and pairs > 0 and chance == pytest.approx(1 / 400)
+    assert report.format().splitlines()[-1].endswith(f"0 of {pairs} pairs (0%; 0.25% if chunks were drawn at random)")

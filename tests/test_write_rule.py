@@ -648,12 +648,11 @@ def test_example_scripts_follow_the_write_rule(hub_model, tmp_path, monkeypatch)
     records = tmp_path / "records"
     records.mkdir()
     (records / "all_results.json").write_text('{"mine": 1}', encoding="utf-8")
-    result = subprocess.run([sys.executable, str(ROOT / "examples" / "run_classification.py"), "--do_eval",
-                             "--output_dir", str(records), "--report_to", "none", "--use_cpu"],
-                            capture_output=True, text=True, env=ENV, timeout=300)
-    _one_line_error(result, str(records), "all_results.json", "--overwrite", prefix="run_classification.py: error: ")
+    monkeypatch.setitem(sys.modules, "run_classification", None)
     monkeypatch.setitem(sys.modules, "run_mlm", None)
-    run_mlm = _example("run_mlm")
+    run_classification, run_mlm = _example("run_classification"), _example("run_mlm")
+    with pytest.raises(ModelFolderExistsError, match=f"{records} already holds all_results.json.*--overwrite"):
+        run_classification.main(["--do_eval", "--output_dir", str(records), "--report_to", "none", "--use_cpu"])
     text = tmp_path / "docs.txt"
     text.write_text("\n\n".join("\n".join(SENTENCES[(i + j) % 3] for j in range(30)) for i in range(3)),
                     encoding="utf-8")

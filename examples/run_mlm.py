@@ -23,8 +23,9 @@ Examples:
     # from scratch on your own text (documents separated by blank lines; or .json/.jsonl with a "text" field)
     python examples/run_mlm.py --train_file docs.txt --validation_file held_out.txt --output_dir out --do_train
 
-A bad input (an output folder that holds a model without ``--overwrite``, a data file, an option) stops it with one
-line on stderr, exit status 2.
+A bad input (an output folder that holds a model or an earlier run's ``all_results.json`` without ``--overwrite``, a
+data file, an option) stops it with one line on stderr, exit status 2. With ``--overwrite`` the new model replaces the
+old one's own files (config, weights, tokenizer, card, code, records, checkpoints); other files in the folder are kept.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ from hf_clusterformer.configuration_clusterformer import model_options, required
 from hf_clusterformer.data import build_tokenizer
 from hf_clusterformer.data.multipassage import default_squad_path, read_squad
 from hf_clusterformer.conversion import checkpoint_model_type, convert_checkpoint
-from hf_clusterformer.hub import check_output_dir
+from hf_clusterformer.hub import RESULT_FILES, check_output_dir, check_result_files, holds_model, writing_model_dir
 from hf_clusterformer.qa_training import CentroidArguments, ModelArguments, _argument_parser
 
 
@@ -259,8 +260,24 @@ def evaluate_blocks(model, blocks: datasets.Dataset) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = _argument_parser((ModelArguments, MlmDataArguments, CentroidArguments, TrainingArguments))
     model_args, data_args, centroid_args, training_args = parser.parse_args_into_dataclasses(args=argv)
-    if training_args.do_train:
-        check_output_dir(training_args.output_dir, model_args.overwrite, "--overwrite")
+    output_dir = training_args.output_dir
+    if training_args.do_train and not training_args.resume_from_checkpoint:
+        check_output_dir(output_dir, model_args.overwrite, "--overwrite", results=RESULT_FILES)
+    elif not training_args.do_train:  # an evaluation keeps an earlier run's records
+        check_result_files(output_dir, RESULT_FILES, model_args.overwrite, "--overwrite")
+    if training_args.do_train and not training_args.resume_from_checkpoint and holds_model(output_dir):
+        # --overwrite: the new model replaces the old one's own files (its card, code, records, checkpoints) at once
+        with writing_model_dir(output_dir, overwrite=True) as staging:
+            training_args.output_dir = str(staging)
+            try:
+                return _run(model_args, data_args, centroid_args, training_args)
+            finally:
+                training_args.output_dir = output_dir
+    return _run(model_args, data_args, centroid_args, training_args)
+
+
+def _run(model_args, data_args, centroid_args, training_args):
+    """`main` once the output folder is settled: ``training_args.output_dir`` is where this run writes."""
     set_seed(training_args.seed)
     if data_args.train_file or data_args.validation_file:
         train_docs = read_documents(data_args.train_file) if data_args.train_file else []

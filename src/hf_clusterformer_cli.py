@@ -89,6 +89,13 @@ def check_cluster_former(path: str, command: str) -> None:
         raise CommandError(f"could not load a Cluster-Former checkpoint from {path}: {error}") from error
     kind = config.get("model_type")
     if kind == "clusterformer":
+        if command == "predict":
+            from hf_clusterformer.pipeline import check_question_answering_config
+
+            try:
+                check_question_answering_config(config, path)
+            except ValueError as error:
+                raise CommandError(str(error)) from error
         return
     if kind not in ("roberta", "bert"):
         raise CommandError(f"{path} is a {kind!r} checkpoint, not a Cluster-Former one; give a Cluster-Former checkpoint.")
@@ -180,6 +187,10 @@ def _option_value(argv: list[str], name: str) -> str | None:
     return None
 
 
+#: Where ``train`` and ``evaluate`` write without ``--output_dir``.
+DEFAULT_OUTPUT_DIR = "outputs/run_qa"
+
+
 def _cmd_train(argv: list[str], evaluate_only: bool, quiet: bool = False) -> int:
     from safetensors import SafetensorError
 
@@ -198,7 +209,7 @@ def _cmd_train(argv: list[str], evaluate_only: bool, quiet: bool = False) -> int
     if "__disable_tqdm" not in given:  # the Trainer's progress bar, unless -q (quiet loading would turn it off)
         argv += ["--disable_tqdm", str(quiet)]
     if "__output_dir" not in given:
-        argv += ["--output_dir", "outputs/run_qa"]
+        argv += ["--output_dir", DEFAULT_OUTPUT_DIR]
     try:
         run_qa(argv, prog=f"clusterformer {'evaluate' if evaluate_only else 'train'}", usage_errors_raise=True)
     except SafetensorError as error:
@@ -301,17 +312,39 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _quiet_export(verbose: bool) -> Iterator[None]:
+    """Without ``-v``: none of the exporters' notes (torch.onnx's skipped torchvision ops, FutureWarnings of the
+    libraries' internals) for the block."""
+    if verbose:
+        yield
+        return
+    import logging
+    import warnings
+
+    onnx = logging.getLogger("torch.onnx")
+    level = onnx.level
+    onnx.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            yield
+    finally:
+        onnx.setLevel(level)
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
     check_model_path(args.model, "MODEL_DIR")
-    from hf_clusterformer.export import ExportError, export_model
+    from hf_clusterformer.export import ExportError, export_format, export_model
 
     try:
-        out = export_model(args.model, args.out, format=args.format, allow_untrained=args.allow_untrained,
-                           overwrite=args.overwrite)
+        with _quiet_export(getattr(args, "verbose", False)):
+            out = export_model(args.model, args.out, format=args.format, allow_untrained=args.allow_untrained,
+                               overwrite=args.overwrite)
     except ExportError as error:
         raise CommandError(str(error).replace("allow_untrained=True (--allow-untrained)", "--allow-untrained")
                            .replace("overwrite=True (--overwrite)", "--overwrite")) from error
-    print(f"wrote {out} ({args.format}: dynamic batch and length)")
+    print(f"wrote {out} ({args.format or export_format(out)}: dynamic batch and length)")
     return 0
 
 
@@ -322,6 +355,12 @@ def _cmd_push(args: argparse.Namespace) -> int:
         raise CommandError(f"checkpoint directory {args.checkpoint} does not exist.")
     check_model_path(args.checkpoint)
     check_cluster_former(args.checkpoint, "push")
+    from hf_clusterformer.hub import check_repo_id
+
+    try:
+        check_repo_id(args.repo_id)
+    except ValueError as error:
+        raise CommandError(str(error)) from error
     return _push(args.checkpoint, args.repo_id, private=args.private, message=args.message)
 
 
@@ -428,13 +467,14 @@ def build_parser(model_options: bool = False) -> argparse.ArgumentParser:
 
     commands.add_parser(
         "train",
-        help="train (and evaluate) on generated, multi-passage or SQuAD-format data",
+        help=f"train (and evaluate) on generated, multi-passage or SQuAD-format data, into --output_dir (default "
+             f"{DEFAULT_OUTPUT_DIR})",
         description="Train and evaluate; all options of examples/run_qa.py apply (see `clusterformer train --help`).",
         add_help=False,
     )
     commands.add_parser(
         "evaluate",
-        help="evaluate a trained checkpoint (EM/F1)",
+        help=f"evaluate a trained checkpoint (EM/F1); records into --output_dir (default {DEFAULT_OUTPUT_DIR})",
         description="Evaluate --model_name_or_path; all options of examples/run_qa.py apply.",
         add_help=False,
     )
@@ -511,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
             if training_help or "-h" in argv[1:] or "--help" in argv[1:]:
                 from hf_clusterformer.qa_training import print_help
 
-                print_help(prog=f"clusterformer {argv[0]}", training=training_help)
+                print_help(prog=f"clusterformer {argv[0]}", training=training_help, output_dir=DEFAULT_OUTPUT_DIR)
                 raise SystemExit(0)
             with _quiet(verbose, datasets_bars=True):
                 return _cmd_train(argv[1:], evaluate_only=argv[0] == "evaluate", quiet=quiet)
@@ -523,6 +563,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(_dash_options(parser, argv))
         handler = {"predict": _cmd_predict, "inspect": _cmd_inspect, "convert": _cmd_convert, "push": _cmd_push,
                    "export": _cmd_export}
+        args.verbose = verbose
         with _quiet(verbose):
             return handler[args.command](args)
     except CommandError as error:

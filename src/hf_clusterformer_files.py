@@ -15,7 +15,9 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import tempfile
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -134,8 +136,7 @@ def check_output_dir(
     model's card would replace it) or one of the records named in ``results``, and ``overwrite`` is false;
     `NotADirectoryError` when it is a file. ``option`` names the switch in the message (``--overwrite``)."""
     path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise NotADirectoryError(f"output folder {path} is a file; give a folder.")
+    _check_not_a_file(path)
     if overwrite:
         return
     if holds_model(path):
@@ -151,10 +152,22 @@ def check_output_dir(
     check_result_files(path, results, overwrite, option)
 
 
+def _check_not_a_file(path: Path) -> None:
+    """Raise `NotADirectoryError` when ``path``, or the nearest of its parents that exists, is a file."""
+    for place in (path, *path.parents):
+        if place.exists():
+            if not place.is_dir():
+                where = "" if place == path else f" inside {place}, which"
+                raise NotADirectoryError(f"output folder {path}{where} is a file; give a folder.")
+            return
+
+
 def check_result_files(path: str | os.PathLike, names: Sequence[str], overwrite: bool = False,
                        option: str = "overwrite=True") -> None:
     """Raise `ModelFolderExistsError` when one of the record files ``names`` exists in folder ``path`` and
-    ``overwrite`` is false (a run's results, which ``clusterformer card`` reads)."""
+    ``overwrite`` is false (a run's results, which ``clusterformer card`` reads); `NotADirectoryError` when ``path``
+    (or the nearest of its parents that exists) is a file."""
+    _check_not_a_file(Path(path))
     existing = [name for name in names if (Path(path) / name).exists()]
     if existing and not overwrite:
         raise ModelFolderExistsError(
@@ -180,6 +193,38 @@ def apply_default_modes(folder: str | os.PathLike, suffixes: Sequence[str] = (".
             os.chmod(os.path.join(folder, name), mode)
 
 
+class _Terminated(BaseException):
+    """SIGTERM arrived while a model folder was being written (raised by `_terminate_cleanly`'s handler)."""
+
+
+@contextlib.contextmanager
+def _terminate_cleanly() -> Iterator[dict[str, bool]]:
+    """Within the block, SIGTERM raises `_Terminated` (so that ``finally`` clauses run, as for SIGINT) unless the
+    returned state's ``"committing"`` is set, when it is noted in ``"pending"`` and acted on after the block. Where
+    SIGTERM already has a handler of its own (or outside the main thread) nothing changes."""
+    state = {"committing": False, "pending": False}
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield state
+        return
+
+    def handler(signum, frame):
+        if state["committing"]:
+            state["pending"] = True
+        else:
+            raise _Terminated()
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield state
+    except _Terminated:
+        state["pending"] = True
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if state["pending"]:  # the folder is cleaned up (or complete): end as SIGTERM would have
+            os.kill(os.getpid(), signal.SIGTERM)
+            raise SystemExit(128 + signal.SIGTERM)
+
+
 @contextlib.contextmanager
 def writing_model_dir(path: str | os.PathLike, overwrite: bool = False, option: str = "overwrite=True") -> Iterator[Path]:
     """Write a model into a sibling temporary folder, then put it in place of ``path`` in one rename.
@@ -188,27 +233,36 @@ def writing_model_dir(path: str | os.PathLike, overwrite: bool = False, option: 
     own files (`owned_by_model`: config, weights, tokenizer, card, records, Trainer checkpoints) are replaced and
     every other file in the folder is kept. A folder without a model keeps all its files that the new model does not
     write. A failure or interruption removes the temporary folder and leaves ``path`` as it was. The folder gets the
-    usual mode (`default_mode`), not the temporary folder's 0700.
+    usual mode (`default_mode`), not the temporary folder's 0700. SIGTERM is handled as SIGINT is (the temporary
+    folder goes, then the process ends by the signal), except while the new folder is put in place, which it
+    finishes first.
     """
     path = Path(path)
     check_output_dir(path, overwrite, option)
     path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
-    try:
-        yield staging
-        os.chmod(staging, default_mode(directory=True))
-        if path.is_dir():
-            replaced = holds_model(path)  # the old model's own files go with it
-            for child in path.iterdir():
-                if not (staging / child.name).exists() and not (replaced and owned_by_model(child.name)):
-                    os.replace(child, staging / child.name)
-        previous = None
-        if path.exists():
-            previous = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
-            os.replace(path, previous / "model")
-        os.replace(staging, path)
-        if previous is not None:
-            shutil.rmtree(previous, ignore_errors=True)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+    with _terminate_cleanly() as termination:
+        staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
+        try:
+            yield staging
+            termination["committing"] = True
+            _put_in_place(staging, path)
+        finally:
+            if staging.exists() and not termination["committing"]:  # once committing, it may hold the user's files
+                shutil.rmtree(staging, ignore_errors=True)
+
+
+def _put_in_place(staging: Path, path: Path) -> None:
+    """`writing_model_dir`'s last step: the files of ``path`` that stay move into ``staging``, which takes its place."""
+    os.chmod(staging, default_mode(directory=True))
+    if path.is_dir():
+        replaced = holds_model(path)  # the old model's own files go with it
+        for child in path.iterdir():
+            if not (staging / child.name).exists() and not (replaced and owned_by_model(child.name)):
+                os.replace(child, staging / child.name)
+    previous = None
+    if path.exists():
+        previous = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+        os.replace(path, previous / "model")
+    os.replace(staging, path)
+    if previous is not None:
+        shutil.rmtree(previous, ignore_errors=True)

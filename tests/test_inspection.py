@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from clusterformer_research.longrange import build_longrange_tokenizer, generate_longrange_dataset
 from hf_clusterformer import ClusterFormerConfig, ClusterFormerForQuestionAnswering
-from hf_clusterformer.inspection import ClusterReport, inspect_clusters
+from hf_clusterformer.inspection import ClusterReport, _percent, inspect_clusters
 from hf_clusterformer.kmeans import spherical_kmeans
 from hf_clusterformer.modeling_clusterformer import count_windows, sort_into_chunks
 
@@ -131,7 +131,7 @@ def test_format(report):
     shared, pairs, chance = report.repeated_token_colocation()
     assert pairs > 0
     assert lines[-1] == (f"Same token at least {STRIDE} tokens apart, same chunk: {shared} of {pairs} pairs "
-                         f"({shared / pairs:.0%}; {chance:.0%} if chunks were drawn at random)")
+                         f"({_percent(shared / pairs)}; {_percent(chance)} if chunks were drawn at random)")
     histogram = [re.fullmatch(r" +(\d+)-(\d+): #+ (\d+)", line) for line in lines[5:-1]]
     assert all(histogram) and sum(int(m[3]) for m in histogram) == len(report.clusters)
     for match in histogram:

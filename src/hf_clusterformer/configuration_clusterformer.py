@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 from typing import Any, get_args
 
 from huggingface_hub.dataclasses import strict
@@ -28,6 +29,27 @@ LAYER_KIND_SHORTCUTS = ("cluster_layers", "global_layer_type", "layer_types")
 QUESTION_PREFIX_SPECIAL_TOKENS = 3
 #: Special tokens of the longest pair encoding ``<s> Q </s></s> C </s>``.
 PAIR_SPECIAL_TOKENS = QUESTION_PREFIX_SPECIAL_TOKENS + 1
+
+#: Encoder sizes that must be positive integers (checked before anything is built from them).
+POSITIVE_SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+
+
+def _memory_bytes() -> int:
+    """This machine's physical memory (16 GiB where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return 16 << 30
+
+
+def _size(count: float) -> str:
+    """``count`` bytes in decimal units (``512 bytes``, ``1.2 GB``)."""
+    for unit in ("bytes", "KB", "MB", "GB", "TB"):
+        if count < 1000:
+            return f"{count:.0f} {unit}" if unit == "bytes" else f"{count:.1f} {unit}"
+        count /= 1000
+    return f"{count:.1f} PB"
+
 
 #: The paper puts Cluster-Former layers at layers 15 and 20 of the 24-layer RoBERTa-large.
 _PAPER_DEPTH = 24
@@ -165,6 +187,7 @@ class ClusterFormerConfig(RobertaConfig):
                                                  "example's question prefix and route only context tokens")
 
     def __post_init__(self, **kwargs):
+        self._validate_sizes()
         shortcuts = {name: kwargs.pop(name) for name in LAYER_KIND_SHORTCUTS if name in kwargs}
         if shortcuts.get("layer_types") is not None:
             if self.layer_kinds is not None and list(self.layer_kinds) != list(shortcuts["layer_types"]):
@@ -280,8 +303,32 @@ class ClusterFormerConfig(RobertaConfig):
         super().validate_architecture()
         self._validate_cluster_options()
 
+    def _validate_sizes(self) -> None:
+        """Raise `ValueError` naming the field when an encoder size (`POSITIVE_SIZES`) is not a positive integer."""
+        for name in POSITIVE_SIZES:
+            value = getattr(self, name, None)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+
+    def _validate_centroid_memory(self) -> None:
+        """Raise `ValueError` when the centroids (or LSH projections) would take more than a quarter of this
+        machine's memory, naming ``num_clusters`` and the largest value that fits (instead of an allocator error)."""
+        routed = sum(kind in ROUTED_LAYER_TYPES for kind in self.layer_kinds)
+        if not routed:
+            return
+        per_cluster = self.hidden_size * 4 * routed  # float32 rows, one table per cluster/LSH layer
+        memory = _memory_bytes()
+        bound = max(1, memory // 4 // per_cluster)
+        if self.num_clusters > bound:
+            raise ValueError(
+                f"num_clusters {self.num_clusters} needs {_size(self.num_clusters * per_cluster)} of centroids "
+                f"({self.num_clusters} x hidden size {self.hidden_size} x 4 bytes x {routed} layers), more than a "
+                f"quarter of this machine's memory ({_size(memory)}); give at most {bound} (the paper uses 64 to 512)."
+            )
+
     def _validate_cluster_options(self) -> None:
-        """Raise `ValueError` naming the field for any invalid cluster option."""
+        """Raise `ValueError` naming the field for any invalid cluster option (and encoder size)."""
+        self._validate_sizes()
         for name in ("window_size", "window_stride", "num_clusters", "max_question_length", "max_context_length", "centroid_seed"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
@@ -302,6 +349,7 @@ class ClusterFormerConfig(RobertaConfig):
             raise ValueError(f"max_question_length must be at least 1, got {self.max_question_length}.")
         if self.max_context_length < 1:
             raise ValueError(f"max_context_length must be at least 1, got {self.max_context_length}.")
+        self._validate_centroid_memory()
 
     def check_position_budget(self) -> None:
         """Raise `ValueError` unless a question prefix plus a window fits RoBERTa's position table.
@@ -377,6 +425,7 @@ __all__ = [
     "suggested_num_clusters",
     "ClusterFormerConfig",
     "ModelOption",
+    "POSITIVE_SIZES",
     "model_options",
     "GLOBAL_LAYER_TYPES",
     "LAYER_TYPES",

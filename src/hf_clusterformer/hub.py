@@ -71,6 +71,7 @@ __all__ = [
     "holds_model",
     "writing_model_dir",
     "check_hub_checkpoint",
+    "check_repo_id",
     "hub_auto_map",
     "hub_files",
     "hub_code_imports",
@@ -351,6 +352,26 @@ def check_hub_checkpoint(path: str | os.PathLike, files: Sequence[str] | None = 
 # ----------------------------------------------------------------------------------------------------------------
 
 
+def check_repo_id(repo_id: str) -> None:
+    """Raise `ValueError` in one line when ``repo_id`` is no Hub repo id (``NAME`` or ``USER/NAME``), saying so
+    before any connection; a local path gets its own line (push takes the checkpoint folder first)."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as error:
+        if os.path.exists(repo_id) or repo_id.startswith(("/", "./", "../", "~")):
+            raise ValueError(
+                f"{repo_id} is a local path, not a Hub repo id; push uploads the checkpoint folder (first) to a Hub "
+                "repo id (second) such as user/my-model."
+            ) from error
+        raise ValueError(
+            f"{repo_id} is not a Hub repo id: give NAME or USER/NAME of letters, digits, '-', '_' and '.' (not "
+            f"starting or ending with '-' or '.', no '--' or '..', at most 96 characters), such as user/my-model."
+        ) from error
+
+
 def push_model(
     local_dir: str | os.PathLike,
     repo_id: str,
@@ -372,10 +393,12 @@ def push_model(
         The `huggingface_hub.CommitInfo` of the upload (``.oid``, ``.commit_url``).
 
     Raises:
-        ValueError: the uploaded files do not make a self-contained Cluster-Former checkpoint.
+        ValueError: ``repo_id`` is no Hub repo id, or the uploaded files do not make a self-contained Cluster-Former
+            checkpoint.
     """
     from huggingface_hub import CommitOperationAdd, HfApi
 
+    check_repo_id(repo_id)
     uploaded, _ = hub_files(local_dir)
     problems = check_hub_checkpoint(local_dir, uploaded)
     if problems:

@@ -73,6 +73,9 @@ class ClusterReport:
     def format(self, max_clusters: int = 20, max_members: int = 12) -> str:
         """Text listing: the clusters with the widest spread first, a size histogram, and how often
         repeated tokens meet in a chunk."""
+        if not self.clusters:
+            return (f"Cluster layer {self.layer}: nothing was routed (no state of the input took part in a cluster), "
+                    "so there are no clusters to list.")
         lines = [f"Cluster layer {self.layer}: {len(self.clusters)} non-empty clusters, chunks of {self.chunk_size} states"]
         ranked = sorted(self.clusters, key=self.max_span, reverse=True)
         for cluster in ranked[:max_clusters]:
@@ -88,7 +91,7 @@ class ClusterReport:
         if pairs:
             lines.append(
                 f"Same token at least {self.chunk_size} tokens apart, same chunk: {shared} of {pairs} pairs "
-                f"({shared / pairs:.0%}; {chance:.0%} if chunks were drawn at random)"
+                f"({_percent(shared / pairs)}; {_percent(chance)} if chunks were drawn at random)"
             )
         return "\n".join(lines)
 
@@ -144,6 +147,14 @@ def _pairs_apart(positions: list[int], min_distance: int) -> int:
     """Number of pairs of distinct ``positions`` at least ``min_distance`` (>= 1) apart, in O(n log n)."""
     ordered = np.sort(np.asarray(positions))
     return int((len(ordered) - np.searchsorted(ordered, ordered + min_distance, side="left")).sum())
+
+
+def _percent(share: float) -> str:
+    """``share`` as a percentage, whole below 100% and down to 1%, with two significant digits below (0.13%), so
+    that a small share is not shown as 0%."""
+    if share == 0 or share >= 0.01:
+        return f"{share:.0%}"
+    return f"{share * 100:.{1 - int(np.floor(np.log10(share * 100)))}f}%"
 
 
 def _bucket(size: int) -> str:

@@ -1027,13 +1027,14 @@ class ClusterFormerPreTrainedModel(RobertaPreTrainedModel):
     def save_pretrained(self, save_directory, *args, **kwargs):
         """`PreTrainedModel.save_pretrained` (the Trainer's checkpoints included), writing a folder complete for what
         its ``config.json`` promises: ``pipeline.py`` beside it when ``custom_pipelines`` names it (a config loaded
-        from a Hub checkpoint does), or no such entry when that file is not at hand; and weight files with the
-        usual mode under the umask (transformers writes them 0600)."""
+        from a Hub checkpoint does), or no such entry when that file is not at hand or the model has no QA head (a
+        masked-LM model loaded from a QA checkpoint: the question-answering pipeline no longer applies); and weight
+        files with the usual mode under the umask (transformers writes them 0600)."""
         pipelines = getattr(self.config, "custom_pipelines", None) or {}
         code = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pipeline.py")
         names_code = any(str(entry.get("impl", "")).startswith("pipeline.") for entry in pipelines.values()
                          if isinstance(entry, dict))
-        dropped = names_code and not os.path.isfile(code)
+        dropped = names_code and (not os.path.isfile(code) or not isinstance(self, ClusterFormerForQuestionAnswering))
         if dropped:
             del self.config.custom_pipelines
         try:

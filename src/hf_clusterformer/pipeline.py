@@ -164,10 +164,7 @@ def check_checkpoint_source(source: Any, what: str = "checkpoint") -> str:
 
 
 def required_model_max_length(config: Any) -> int | None:
-    """Longest pair encoding a Cluster-Former config accepts (``ClusterFormerConfig.max_input_length``).
-
-    ``None`` for other configs (models that are not Cluster-Former).
-    """
+    """Longest pair encoding a Cluster-Former config accepts (``max_input_length``); None for other configs."""
     return getattr(config, "max_input_length", None)
 
 
@@ -248,15 +245,9 @@ class ClusterFormerQuestionAnsweringPipeline(Pipeline):
         return super().__call__(inputs, **kwargs)
 
     def _sanitize_parameters(
-        self,
-        top_k: int | None = None,
-        max_answer_len: int | None = None,
-        max_answer_length: int | None = None,
-        handle_impossible_answer: bool | None = None,
-        long_answer: bool | None = None,
-        long_answer_top_k: int | None = None,
-        passage_token: str | None = None,
-        **unknown,
+        self, top_k: int | None = None, max_answer_len: int | None = None, max_answer_length: int | None = None,
+        handle_impossible_answer: bool | None = None, long_answer: bool | None = None,
+        long_answer_top_k: int | None = None, passage_token: str | None = None, **unknown,
     ) -> tuple[dict, dict, dict]:
         splitting = [name for name in unknown if name in _SPLITTING_PARAMETERS]
         if splitting:
@@ -300,10 +291,8 @@ class ClusterFormerQuestionAnsweringPipeline(Pipeline):
     # -- steps -----------------------------------------------------------------------------------------------------
 
     def preprocess(self, example: dict, long_answer: bool = False, passage_token: str = PASSAGE_TOKEN) -> dict:
-        """Tokenize one ``{"question", "context"}`` pair without truncation.
-
-        Returns model inputs, each (1, T), and per-token metadata for `postprocess`.
-        """
+        """Tokenize one ``{"question", "context"}`` pair without truncation: model inputs, each (1, T), and per-token
+        metadata for `postprocess`."""
         question, context = _check_example(example)
         encoding = self.tokenizer(
             question, context, return_offsets_mapping=True, truncation=False, verbose=False, return_tensors="pt"
@@ -323,12 +312,8 @@ class ClusterFormerQuestionAnsweringPipeline(Pipeline):
         if not any(candidate):
             raise ValueError("The context has no token that can start an answer (it is empty or only special tokens).")
         model_inputs = {k: encoding[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in encoding}
-        model_inputs.update(
-            context=context,
-            offsets=offsets,
-            candidate=candidate,
-            paragraphs=self._paragraphs(context, offsets, sequence_ids, token_ids, passage_token) if long_answer else None,
-        )
+        paragraphs = self._paragraphs(context, offsets, sequence_ids, token_ids, passage_token) if long_answer else None
+        model_inputs.update(context=context, offsets=offsets, candidate=candidate, paragraphs=paragraphs)
         return model_inputs
 
     def _forward(self, model_inputs: dict) -> dict:
@@ -658,11 +643,32 @@ def pipeline(model: Any = None, tokenizer: Any = None, **kwargs: Any) -> Cluster
     return make_pipeline(TASK, model=model, tokenizer=tokenizer, **kwargs)
 
 
+def check_question_answering_config(config: dict, source: Any) -> None:
+    """Raise `ValueError` in one line when the ``config.json`` values ``config`` of checkpoint ``source`` hold no QA
+    model this pipeline can use: another model type (GPT-2, BERT), or a Cluster-Former model with another head
+    (masked LM, classification), whose QA head would be new and random."""
+    kind, heads = config.get("model_type"), config.get("architectures") or []
+    if kind not in (None, "clusterformer", "roberta"):
+        raise ValueError(f"{source} is a {kind!r} checkpoint, not a Cluster-Former one; give a Cluster-Former QA "
+                         "checkpoint (a RoBERTa or BERT-family one converted by `clusterformer convert SRC OUT`).")
+    other = [h for h in heads if str(h).startswith("ClusterFormerFor") and not h.endswith("QuestionAnswering")]
+    if other and len(other) == len(heads):
+        head = other[0].removeprefix("ClusterFormerFor")
+        what = "masked-LM" if head == "MaskedLM" else re.sub(r"(?<!^)(?=[A-Z])", "-", head).lower()
+        raise ValueError(f"{source} holds a {what} model ({other[0]}), not a question-answering one, so it has no QA "
+                         f"head to answer with: load it with transformers.AutoModelFor{head}, or fine-tune a QA model "
+                         f"from it with `clusterformer train --model_name_or_path {source} --train_file ...`.")
+
+
 def _load_for_pipeline(path: Any, tokenizer: Any, kwargs: dict) -> tuple[Any, Any]:
     """The QA model of a checkpoint, its weights that the checkpoint lacks marked as untrained (`mark_untrained`);
-    a checkpoint that cannot be found fails at once (`check_checkpoint_source`)."""
+    one that cannot be found fails at once (`check_checkpoint_source`), one with no QA model in one line."""
+    from transformers import PretrainedConfig
+
     path = check_checkpoint_source(path, "model")
     hub = {name: kwargs[name] for name in ("revision", "token", "trust_remote_code") if name in kwargs}
+    check_question_answering_config(PretrainedConfig.get_config_dict(path, **{
+        k: v for k, v in hub.items() if k != "trust_remote_code"})[0], path)
     options = {**hub, **dict(kwargs.pop("model_kwargs", None) or {})}
     if "dtype" in kwargs:
         options["dtype"] = kwargs.pop("dtype")
@@ -677,6 +683,7 @@ __all__ = [
     "ClusterFormerQuestionAnsweringPipeline",
     "UntrainedModelError",
     "check_checkpoint_source",
+    "check_question_answering_config",
     "check_trained",
     "hub_unreachable",
     "looks_local",

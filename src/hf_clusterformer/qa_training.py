@@ -141,6 +141,7 @@ CENTROID_FLAGS = {
     "centroid_update_steps": "update_every_steps",
     "centroid_update_epochs": "update_every_epochs",
     "memory_size": "memory_size",
+    "min_states": "min_states",
     "centroid_backend": "backend",
     "max_capture_per_forward": "max_capture_per_forward",
 }
@@ -203,14 +204,19 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None, usage_err
     return parser.parse_args_into_dataclasses(args=argv)
 
 
-def print_help(prog: str | None = None, training: bool = False) -> None:
+def print_help(prog: str | None = None, training: bool = False, output_dir: str | None = None) -> None:
     """Help of ``clusterformer train`` / ``evaluate``: this package's options, and `TrainingArguments`' only with
-    ``training`` (``--help-training``)."""
+    ``training`` (``--help-training``); ``output_dir``: the folder written without ``--output_dir``."""
     classes = (ModelArguments, DataArguments, CentroidArguments, *((TrainingArguments,) if training else ()))
     epilog = None if training else (
         "Every option of transformers' TrainingArguments applies too (--output_dir, --max_steps, --learning_rate, "
         "--per_device_train_batch_size, --seed, --do_train, --do_eval, ...): see --help-training."
     )
+    if output_dir is not None:
+        default = (f"Without --output_dir, train writes its model and records (all_results.json, "
+                   f"eval_predictions.json), evaluate its records, to {output_dir}; a model or records already there "
+                   "are kept unless --overwrite.")
+        epilog = default if epilog is None else f"{epilog} {default}"
     _argument_parser(classes, prog=prog, epilog=epilog).print_help()
 
 
@@ -311,6 +317,24 @@ def _check_answer_offsets(splits: dict[str, datasets.Dataset]) -> None:
             )
 
 
+def _check_texts(splits: dict[str, datasets.Dataset], sources: dict[str, str | None]) -> None:
+    """Raise `ValueError` naming the first record whose question or context is empty (or only whitespace): it would
+    train on nothing, and the predict path refuses such a pair."""
+    for name, split in splits.items():
+        for column in ("question", "context"):
+            if column not in split.column_names:
+                continue
+            for row, text in enumerate(split[column]):
+                if isinstance(text, str) and text.strip():
+                    continue
+                record = f"{'training' if name == 'train' else name} record {row}"
+                if "id" in split.column_names:
+                    record += f" (id {split[row]['id']!r})"
+                if sources.get(name):
+                    record += f" of {sources[name]}"
+                raise ValueError(f"{record} has an empty {column}; give it its {column} or remove that record.")
+
+
 def load_raw_datasets(data: DataArguments) -> datasets.DatasetDict:
     """The train/validation splits as SQuAD-format records: the files given, else the built or Hub data set."""
     splits: dict[str, datasets.Dataset] = {}
@@ -347,6 +371,7 @@ def load_raw_datasets(data: DataArguments) -> datasets.DatasetDict:
         splits["train"] = splits["train"].select(range(min(data.train_samples, len(splits["train"]))))
     if "validation" in splits and data.eval_samples:
         splits["validation"] = splits["validation"].select(range(min(data.eval_samples, len(splits["validation"]))))
+    _check_texts(splits, {"train": data.train_file, "validation": data.validation_file})
     _check_answer_offsets(splits)
     return datasets.DatasetDict(splits)
 

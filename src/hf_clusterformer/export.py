@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from hf_clusterformer_cli_support import convert_command
 from hf_clusterformer_files import holds_model, owned_by_model
 
 from .modeling_clusterformer import (
@@ -134,7 +135,7 @@ def load_for_export(path: str | os.PathLike) -> ClusterFormerPreTrainedModel:
         raise ExportError(f"could not load a Cluster-Former config from {path}: {error}") from error
     if config.model_type != "clusterformer":
         raise ExportError(f"{path} is a {config.model_type!r} checkpoint, not a Cluster-Former one; convert it first "
-                          f"(`clusterformer convert {path} OUT`) and export OUT.")
+                          f"(`{convert_command(path, config.architectures)}`) and export OUT.")
     names = [name for name in (config.architectures or ["ClusterFormerForQuestionAnswering"]) if name in EXPORT_CLASSES]
     if not names:
         raise ExportError(f"{path} holds a {config.architectures[0]}, which does not export; export one of "

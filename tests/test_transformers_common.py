@@ -10,13 +10,14 @@ the reason (they report as skipped, with it); the rest pass. The mixin comes fro
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import unittest
 import unittest.mock
 
 import pytest
 import torch
-from helpers import pad_batch, random_example, tiny_config
+from helpers import BOS, SEP, pad_batch, random_example, tiny_config
 from support.transformers_common import load_model_tester_mixin
 from transformers.models.auto import modeling_auto
 
@@ -112,6 +113,13 @@ class ClusterFormerCommonTests(ModelTesterMixin):
     def setUp(self):
         self.model_tester = ClusterFormerModelTester(self)
 
+    def test_load_with_mismatched_shapes(self):
+        """The mixin's test, whose last call gives the base model random ids (ids below 10, no attention mask): a
+        windowed model refuses a row with the pad id inside it or no separator, so those ids are pair encodings of
+        random tokens here (`_pair_ids`)."""
+        with unittest.mock.patch.object(sys.modules[ModelTesterMixin.__module__], "ids_tensor", _pair_ids):
+            super().test_load_with_mismatched_shapes()
+
     def test_torch_save_load(self):
         """The mixin's check (state dict through torch.save, both serialisations, and transformers' load_state_dict),
         with bool buffers (the routers' ``fitted`` flags) compared as such: the mixin's version fails on them (it calls
@@ -130,6 +138,15 @@ class ClusterFormerCommonTests(ModelTesterMixin):
                     assert loaded.keys() == state_dict.keys()
                     for key, tensor in state_dict.items():
                         assert torch.equal(loaded[key], tensor), key
+
+
+def _pair_ids(shape, vocab_size, rng=None, name=None):
+    """(B, T) pair encodings ``<s> q </s></s> c... </s>`` of random ordinary tokens (ids from 4 up to ``vocab_size``),
+    in place of the mixin's ``ids_tensor``."""
+    batch, length = shape
+    ids = torch.randint(4, vocab_size, (batch, length))
+    ids[:, [0, 2, 3, length - 1]] = torch.tensor([BOS, SEP, SEP, SEP])
+    return ids
 
 
 def _not_applicable(reason: str):

@@ -8,7 +8,8 @@ pytest_plugins = ["support.hub_fixtures"]
 
 def pytest_configure(config):
     """The marks of transformers' common model tests (tests/test_transformers_common.py runs them)."""
-    for mark in ("accelerate_tests", "flash_attn_test", "flash_attn_3_test", "flash_attn_4_test", "torch_compile_test"):
+    marks = ("accelerate_tests", "flash_attn_test", "flash_attn_3_test", "flash_attn_4_test", "slow", "torch_compile_test")
+    for mark in marks:
         config.addinivalue_line("markers", f"{mark}: a mark of transformers' common model tests")
 
 

@@ -9,6 +9,7 @@ the reason (they report as skipped, with it); the rest pass. The mixin comes fro
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import tempfile
@@ -108,6 +109,9 @@ class ClusterFormerCommonTests(ModelTesterMixin):
     @classmethod
     def tearDownClass(cls):
         cls._kind.stop()
+        # warnings said once per process (output_attentions under sdpa, ...) are said again for the tests after these
+        for once in (logging.Logger.warning_once, logging.Logger.info_once):
+            once.cache_clear()
         super().tearDownClass()
 
     def setUp(self):

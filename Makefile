@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test fuzz bench clean
+.PHONY: install demo test common-tests fuzz bench clean
 
 install: $(STAMP)
 
@@ -20,8 +20,13 @@ $(STAMP): setup.cfg constraints.txt pyproject.toml research/pyproject.toml
 demo: install
 	$(PY) examples/demo.py --output_dir outputs --overwrite
 
-test: install
+test: install common-tests
 	$(PY) -m pytest -q tests
+
+# transformers' common model tests (ModelTesterMixin), which its wheel does not ship: unpacked from the sdist of the
+# installed version into .cache/transformers-tests/ (tests/test_transformers_common.py runs them on every head).
+common-tests: install
+	$(PY) tests/support/transformers_common.py
 
 # The model against its loop reference over many drawn configurations and batches (before a release):
 # FUZZ_EXAMPLES examples from FUZZ_SEED (a new seed each run unless given; rerun a failure with the printed one).

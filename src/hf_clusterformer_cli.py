@@ -18,7 +18,15 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-from hf_clusterformer_cli_support import MAX_CONTEXT_LENGTH, CommandError, OneLineParser, add_option_flags
+from hf_clusterformer_cli_support import (
+    HEAD_TASKS,
+    MAX_CONTEXT_LENGTH,
+    CommandError,
+    OneLineParser,
+    add_option_flags,
+    architectures_task,
+    convert_command,
+)
 from hf_clusterformer_files import TOKENIZER_FILES
 
 
@@ -101,18 +109,20 @@ def check_cluster_former(path: str, command: str) -> None:
         raise CommandError(f"{path} is a {kind!r} checkpoint, not a Cluster-Former one; give a Cluster-Former checkpoint.")
     if command not in ("predict", "inspect"):
         raise CommandError(
-            f"{path} is a plain {kind} checkpoint, not a Cluster-Former one; convert it first (`clusterformer convert "
-            f"{path} OUT`, which adds the cluster layers and can --push-to) and {command} OUT."
+            f"{path} is a plain {kind} checkpoint, not a Cluster-Former one; convert it first "
+            f"(`{convert_command(path, config.get('architectures'))}`, which adds the cluster layers and can --push-to) "
+            f"and {command} OUT."
         )
     from hf_clusterformer.configuration_clusterformer import ClusterFormerConfig, default_cluster_layers
 
     layers = default_cluster_layers(config.get("num_hidden_layers", 12))
     window, stride = ClusterFormerConfig.window_size, ClusterFormerConfig.window_stride
+    question_answering = architectures_task(config.get("architectures")) == "question-answering"
     raise CommandError(
         f"{path} is a plain {kind} checkpoint, not a Cluster-Former one: {command} would add cluster layers {layers} "
         f"with random, never-fitted centroids and windows {window}/{stride} to it. Convert it first: `clusterformer "
-        f"convert {path} OUT` (--cluster-layers with no value keeps sliding windows only), then fine-tune OUT "
-        "(`clusterformer train --model_name_or_path OUT`)."
+        f"convert {path} OUT{'' if question_answering else ' --allow-untrained'}` (--cluster-layers with no value keeps "
+        "sliding windows only), then fine-tune OUT (`clusterformer train --model_name_or_path OUT`)."
     )
 
 
@@ -282,7 +292,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
-    from hf_clusterformer.conversion import convert_checkpoint
+    from hf_clusterformer.conversion import ConversionTaskError, convert_checkpoint
     from hf_clusterformer_files import ModelFolderExistsError, check_output_dir
 
     check_model_path(args.source, "source")
@@ -296,15 +306,18 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     try:
         converted = convert_checkpoint(
             args.source, args.output_dir, num_hidden_layers=args.num_hidden_layers, overwrite=args.overwrite,
-            seed=args.seed, **options,
+            seed=args.seed, task=args.task, allow_untrained=args.allow_untrained, **options,
         )
     except ModelFolderExistsError as error:
         raise CommandError(str(error).replace("overwrite=True", "--overwrite")) from error
+    except ConversionTaskError as error:
+        raise CommandError(error.command) from error
     except (OSError, ValueError) as error:
         raise CommandError(f"could not convert {args.source}: {error}") from error
     config = converted.config
-    print(f"wrote {converted.path} from a {converted.source_type} checkpoint (layers {config.layer_kinds}, "
-          f"{config.num_clusters} clusters, windows {config.window_size}/{config.window_stride})")
+    task = next(name for name, (key, _) in HEAD_TASKS.items() if key == converted.task)
+    print(f"wrote {converted.path}, a {task} model, from a {converted.source_type} checkpoint (layers "
+          f"{config.layer_kinds}, {config.num_clusters} clusters, windows {config.window_size}/{config.window_stride})")
     if converted.newly_initialized:
         print(f"newly initialised (train before use): {', '.join(converted.newly_initialized)}")
     if args.push_to:
@@ -452,6 +465,31 @@ def _add_export(commands: argparse._SubParsersAction) -> None:
     export.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
 
 
+def _add_convert(commands: argparse._SubParsersAction, model_options: bool) -> None:
+    """The ``convert`` subcommand (its model option flags only with ``model_options``)."""
+    convert = commands.add_parser(
+        "convert",
+        help="turn a RoBERTa, BERT-family or Cluster-Former checkpoint into a Cluster-Former one (and push it)",
+        description="Options left out keep a Cluster-Former source's own settings, else the defaults shown.",
+    )
+    convert.add_argument("source", help="RoBERTa, BERT-family (BERT, MiniLM, bge, e5) or Cluster-Former checkpoint "
+                                        "(directory or Hub id)")
+    convert.add_argument("output_dir")
+    convert.add_argument("--num-hidden-layers", type=int, default=None, help="keep only the first N layers")
+    convert.add_argument("--overwrite", action="store_true",
+                         help="replace a model already in OUTPUT_DIR (its files, in one rename; other files are kept)")
+    convert.add_argument("--task", choices=tuple(HEAD_TASKS), default=None,
+                         help="the head to build (default: a Cluster-Former source's own, else question-answering); a "
+                              "head the source lacks is new: it needs --allow-untrained")
+    convert.add_argument("--allow-untrained", action="store_true",
+                         help="build a head the source lacks (or holds untrained): new weights, to fine-tune")
+    convert.add_argument("--seed", type=int, default=0, help="seed of the newly initialised weights (default: %(default)s)")
+    convert.add_argument("--push-to", default=None, help="Hub repo id to push the result to")
+    convert.add_argument("--private", action="store_true")
+    if model_options:
+        _add_model_option_flags(convert)
+
+
 def build_parser(model_options: bool = False) -> argparse.ArgumentParser:
     """The command's parser; ``convert`` gets its model option flags only with ``model_options`` (they load the
     library, which ``clusterformer --help`` and the other commands' usage errors do without)."""
@@ -486,23 +524,7 @@ def build_parser(model_options: bool = False) -> argparse.ArgumentParser:
     )
 
     _add_predict_and_inspect(commands)
-    convert = commands.add_parser(
-        "convert",
-        help="turn a RoBERTa, BERT-family or Cluster-Former checkpoint into a Cluster-Former one (and push it)",
-        description="Options left out keep a Cluster-Former source's own settings, else the defaults shown.",
-    )
-    convert.add_argument("source", help="RoBERTa, BERT-family (BERT, MiniLM, bge, e5) or Cluster-Former checkpoint "
-                                        "(directory or Hub id)")
-    convert.add_argument("output_dir")
-    convert.add_argument("--num-hidden-layers", type=int, default=None, help="keep only the first N layers")
-    convert.add_argument("--overwrite", action="store_true",
-                         help="replace a model already in OUTPUT_DIR (its files, in one rename; other files are kept)")
-    convert.add_argument("--seed", type=int, default=0, help="seed of the newly initialised weights (default: %(default)s)")
-    convert.add_argument("--push-to", default=None, help="Hub repo id to push the result to")
-    convert.add_argument("--private", action="store_true")
-    if model_options:
-        _add_model_option_flags(convert)
-
+    _add_convert(commands, model_options)
     _add_export(commands)
     push = commands.add_parser("push", help="push a Cluster-Former checkpoint directory (weights, centroids, code, card)")
     push.add_argument("checkpoint")

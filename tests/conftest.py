@@ -6,6 +6,13 @@ import torch
 pytest_plugins = ["support.hub_fixtures"]
 
 
+def pytest_configure(config):
+    """The marks of transformers' common model tests (tests/test_transformers_common.py runs them)."""
+    marks = ("accelerate_tests", "flash_attn_test", "flash_attn_3_test", "flash_attn_4_test", "slow", "torch_compile_test")
+    for mark in marks:
+        config.addinivalue_line("markers", f"{mark}: a mark of transformers' common model tests")
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _one_thread():
     """Tiny models run fastest on one thread (torch and faiss), and the suite stays fast on a busy 2-core machine."""

@@ -251,12 +251,14 @@ def test_convert_roberta_checkpoint(roberta_qa, workdir, capsys):
     assert code == 0
     out = capsys.readouterr().out
     # the QA head came along: nothing new
-    assert out.strip() == f"wrote {target} from a roberta checkpoint (layers ['sliding', 'cluster'], 4 clusters, windows 32/24)"
+    assert out.strip() == (f"wrote {target}, a question-answering model, from a roberta checkpoint (layers ['sliding', "
+                           "'cluster'], 4 clusters, windows 32/24)")
 
     again = workdir / "again"  # a Cluster-Former source keeps its settings unless told otherwise
     assert main(["convert", str(target), str(again), "--num-clusters", "2"]) == 0
     assert capsys.readouterr().out.strip() == (
-        f"wrote {again} from a clusterformer checkpoint (layers ['sliding', 'cluster'], 2 clusters, windows 32/24)"
+        f"wrote {again}, a question-answering model, from a clusterformer checkpoint (layers ['sliding', 'cluster'], 2 "
+        "clusters, windows 32/24)"
     )
 
     retyped = workdir / "retyped"  # layer kinds replace a Cluster-Former source's placement

@@ -1,13 +1,23 @@
 """Export: one `torch.export` program and one ONNX file, traced at one length, equal to eager at other lengths and
-batch sizes (padding included); bad input to `export_model` is one line."""
+batch sizes (padding included), and for multiple choice at other choice counts; every head whose weights were never
+trained (added by conversion or drawn at load, through the Auto classes too) is refused without --allow-untrained;
+bad input to `export_model` is one line."""
 
 import pytest
 import torch
 from hf_clusterformer_cli import main
 from helpers import pad_batch, random_example, tiny_config
 
-from hf_clusterformer import ClusterFormerForQuestionAnswering, ClusterFormerForSequenceClassification
+import transformers
+
+from hf_clusterformer import (
+    ClusterFormerForMultipleChoice,
+    ClusterFormerForQuestionAnswering,
+    ClusterFormerForSequenceClassification,
+    ClusterFormerModel,
+)
 from hf_clusterformer.export import (
+    EXPORT_CLASSES,
     ExportError,
     export_model,
     export_program,
@@ -61,6 +71,77 @@ def test_exported_program_and_onnx_equal_eager_at_other_lengths(exported, rows):
         torch.testing.assert_close(got, eager.start_logits, atol=1e-4, rtol=0)
     for got in (end, torch.from_numpy(onnx_end)):
         torch.testing.assert_close(got, eager.end_logits, atol=1e-4, rtol=0)
+
+
+#: (batch, choices) of the multiple-choice batches; the program is traced with 2 choices.
+CHOICES = {"one example of three": (1, 3), "two of four": (2, 4), "three of one": (3, 1)}
+
+
+@pytest.fixture(scope="module")
+def exported_choices(tmp_path_factory):
+    torch.manual_seed(2)
+    model = ClusterFormerForMultipleChoice(tiny_config(**CONFIG)).eval()
+    for router in model.cluster_routers().values():
+        router.fitted.fill_(True)
+    program = export_program(model, TRACED_LENGTH)
+    onnx_file = write_program(program, tmp_path_factory.mktemp("choices") / "choices.onnx", "onnx", output_names(model))
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return model, program.module(), ort.InferenceSession(str(onnx_file), options, providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("shape", CHOICES.values(), ids=CHOICES.keys())
+def test_multiple_choice_exports_take_any_choice_count_and_length(exported_choices, shape):
+    """(B, C, T) inputs of any B, C and T: every choice a pair encoding of its own question length, padded."""
+    model, program, session = exported_choices
+    batch, choices = shape
+    generator = torch.Generator().manual_seed(batch * 10 + choices)
+    ids, mask = pad_batch([random_example(generator, 1 + row % 6, 4 + 9 * row) for row in range(batch * choices)])
+    ids, mask = ids.view(batch, choices, -1), mask.view(batch, choices, -1)
+    assert ids.shape[-1] != TRACED_LENGTH
+    with torch.no_grad():
+        eager = model(input_ids=ids, attention_mask=mask).logits
+        (logits,) = program(ids, mask)
+    (onnx_logits,) = session.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})
+    assert eager.shape == (batch, choices)
+    torch.testing.assert_close(logits, eager, atol=1e-4, rtol=0)
+    torch.testing.assert_close(torch.from_numpy(onnx_logits), eager, atol=1e-4, rtol=0)
+
+
+def test_every_head_drawn_at_load_and_saved_through_the_auto_classes_is_refused(tmp_path, capsys):
+    """A head (or the base model's pooler) that loading drew because the checkpoint lacks it is recorded as untrained,
+    so a folder saved from it does not export without --allow-untrained; once its weights change, it does."""
+    from hf_clusterformer.hub import HEAD_AUTO_CLASSES
+    from hf_clusterformer.pipeline import untrained_weights
+
+    torch.manual_seed(0)
+    ClusterFormerModel(tiny_config(), add_pooling_layer=False).save_pretrained(tmp_path / "encoder")
+    auto_classes = {**HEAD_AUTO_CLASSES, ClusterFormerModel.__name__: "AutoModel"}
+    assert set(auto_classes) == set(EXPORT_CLASSES)
+    for name, auto_class in auto_classes.items():
+        model = getattr(transformers, auto_class).from_pretrained(tmp_path / "encoder")
+        assert type(model).__name__ == name and untrained_weights(model), name
+        folder = tmp_path / name
+        model.save_pretrained(folder)
+        capsys.readouterr()
+        assert main(["export", str(folder), str(tmp_path / f"{name}.pt2")]) == 2
+        error = capsys.readouterr().err.strip()
+        assert len(error.splitlines()) == 1 and "never trained" in error and "--allow-untrained" in error, error
+        with pytest.raises(ExportError, match="never trained"):
+            export_model(folder, tmp_path / f"{name}.onnx")
+        # a training step's worth of change: the record no longer holds
+        with torch.no_grad():
+            for parameter_name in untrained_weights(model):
+                model.get_parameter(parameter_name).add_(0.01)
+        model.save_pretrained(tmp_path / f"{name}-trained")
+        assert untrained_weights(load_for_export(tmp_path / f"{name}-trained")) == [], name
+    assert not list(tmp_path.glob("*.pt2")) and not list(tmp_path.glob("*.onnx"))
+    # allowed, the multiple-choice head exports (`clusterformer export --format torch`) and runs on (B, C, T)
+    out = tmp_path / "choices.pt2"
+    assert main(["export", str(tmp_path / "ClusterFormerForMultipleChoice"), str(out), "--allow-untrained"]) == 0
+    ids, mask = pad_batch([random_example(torch.Generator().manual_seed(4), 3, 20 + row) for row in range(6)])
+    (logits,) = torch.export.load(str(out)).module()(ids.view(2, 3, -1), mask.view(2, 3, -1))
+    assert logits.shape == (2, 3)
 
 
 def test_left_padding_and_another_head(tmp_path):

@@ -65,9 +65,9 @@ def roberta(work, tokenizer) -> Path:
 
 @pytest.fixture(scope="module")
 def converted(work, roberta) -> Path:
-    """``clusterformer convert`` of the plain encoder: its QA head is new."""
+    """``clusterformer convert`` of the plain encoder: its QA head is new (allowed, for fine-tuning)."""
     path = work / "converted"
-    assert main(["convert", str(roberta), str(path), *SMALL]) == 0
+    assert main(["convert", str(roberta), str(path), *SMALL, "--allow-untrained"]) == 0
     return path
 
 
@@ -91,13 +91,14 @@ def _siblings(path: Path) -> list[str]:
 
 def test_convert_refuses_a_folder_with_a_model_and_overwrite_replaces_the_model(work, roberta, capsys):
     out = work / "twice"
-    assert main(["convert", str(roberta), str(out), *SMALL]) == 0
+    assert main(["convert", str(roberta), str(out), *SMALL, "--allow-untrained"]) == 0
     (out / "checkpoint-7").mkdir()
     (out / "checkpoint-7" / "trainer_state.json").write_text("{}", encoding="utf-8")
     before = (out / "model.safetensors").read_bytes()
     _error(capsys, ["convert", str(roberta), str(out), *SMALL, "--num-clusters", "8"], str(out), "--overwrite")
     assert (out / "model.safetensors").read_bytes() == before and (out / "checkpoint-7").is_dir()
-    assert main(["convert", str(roberta), str(out), *SMALL, "--num-clusters", "8", "--overwrite"]) == 0
+    assert main(["convert", str(roberta), str(out), *SMALL, "--num-clusters", "8", "--overwrite",
+                 "--allow-untrained"]) == 0
     assert not (out / "checkpoint-7").exists()  # the old model's files are replaced, not mixed with the new one
     assert json.loads((out / "config.json").read_text(encoding="utf-8"))["num_clusters"] == 8
     assert _siblings(out) == []  # no temporary folder left behind
@@ -276,7 +277,7 @@ def test_convert_is_deterministic_across_processes(roberta, tmp_path):
     heads = []
     for name, seed in (("a", "0"), ("b", "0"), ("c", "1")):
         command = [sys.executable, "-m", "hf_clusterformer_cli", "convert", str(roberta), str(tmp_path / name), *SMALL,
-                   "--seed", seed]
+                   "--seed", seed, "--allow-untrained"]
         subprocess.run(command, check=True, capture_output=True, env=ENV, timeout=180)
         heads.append(load_file(tmp_path / name / "model.safetensors")["qa_outputs.weight"])
     assert torch.equal(heads[0], heads[1]) and not torch.equal(heads[0], heads[2])

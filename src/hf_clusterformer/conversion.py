@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from hf_clusterformer_cli_support import MAX_CONTEXT_LENGTH
+from hf_clusterformer_cli_support import HEAD_TASKS, MAX_CONTEXT_LENGTH, architectures_task
 from hf_clusterformer_files import check_output_dir
 
 from .configuration_clusterformer import (
@@ -32,6 +32,7 @@ from .pipeline import check_checkpoint_source, mark_untrained, untrained_weights
 
 __all__ = [
     "CONVERTIBLE_TYPES",
+    "ConversionTaskError",
     "ConvertedCheckpoint",
     "check_centroid_memory",
     "check_context_length",
@@ -54,6 +55,18 @@ class ConvertedCheckpoint:
     has_tokenizer: bool = False
     #: ``model_type`` of the source checkpoint (``roberta``, ``bert`` or ``clusterformer``).
     source_type: str = "roberta"
+    #: The head built, a `TASK_CLASSES` key (``qa``, ``mlm``, ...).
+    task: str = "qa"
+
+
+class ConversionTaskError(ValueError):
+    """A head that does not fit the source of `convert_checkpoint`: one it lacks (new, untrained weights) without
+    ``allow_untrained``, or none named for a source without a head. One line; ``command`` says the same in the terms of
+    ``clusterformer convert`` (``--task fill-mask``, ``--allow-untrained``)."""
+
+    def __init__(self, message: str, command: str):
+        super().__init__(message)
+        self.command = command
 
 
 def check_context_length(value: int | None, option: str = "max_context_length") -> None:
@@ -183,7 +196,8 @@ def _bert_as_roberta(
 def convert_checkpoint(
     src: str | os.PathLike, dst: str | os.PathLike, *, num_hidden_layers: int | None = None,
     tokenizer: str | os.PathLike | None = None, card_data: Mapping[str, Any] | None = None, revision: str | None = None,
-    token: str | bool | None = None, overwrite: bool = False, seed: int = 0, task: str = "qa", **options: Any,
+    token: str | bool | None = None, overwrite: bool = False, seed: int = 0, task: str | None = None,
+    allow_untrained: bool = True, **options: Any,
 ) -> ConvertedCheckpoint:
     """Turn a RoBERTa, BERT-family (BERT, MiniLM, bge, e5) or Cluster-Former checkpoint into a self-contained
     Cluster-Former one.
@@ -201,40 +215,102 @@ def convert_checkpoint(
         revision, token: for loading ``src`` from the Hub.
         overwrite: replace a model already in ``dst`` (see `save_for_hub`); without it such a folder is refused
             with `ModelFolderExistsError` before anything is loaded.
-        seed: seeds every new weight (a new QA head): two conversions of one source give the same checkpoint. New
-            weights are recorded as untrained (`hf_clusterformer.pipeline.mark_untrained`), which the pipeline and
-            ``clusterformer predict`` refuse until the model is trained.
-        task: the head to build, a key of `TASK_CLASSES`: ``qa`` (default), ``mlm``, ``sequence-classification``,
-            ``token-classification`` or ``multiple-choice``; a source's own head of that kind loads 1:1 (RoBERTa's by
-            name, BERT's mapped by `_BERT_HEADS`: ``cls.predictions`` to ``lm_head``).
+        seed: seeds every new weight (a new head): two conversions of one source give the same checkpoint. New
+            weights are recorded as untrained (`hf_clusterformer.pipeline.mark_untrained`; refused until trained).
+        task: the head, a `TASK_CLASSES` key (``qa``, ``mlm``, ``sequence-classification``, ...) or its pipeline task
+            (`HEAD_TASKS`); a source's own head of that kind loads 1:1 (BERT's mapped by `_BERT_HEADS`). Default: a
+            Cluster-Former source's own head (a bare `ClusterFormerModel` needs a ``task``), else ``qa``.
+        allow_untrained: build a head the source lacks (or holds untrained); without it, `ConversionTaskError`.
         options: the Cluster-Former options (`hf_clusterformer.configuration_clusterformer.model_options`:
             ``layer_kinds``, ``cluster_layers``, ``num_clusters``, ``window_size``, ...); one left out or ``None``
             keeps a Cluster-Former source's own value, else the config default (``cluster_layers``: the paper's
             placement scaled to the depth).
 
     Raises:
-        ValueError: ``src`` is not convertible, or the options are invalid. TypeError: not a model option.
+        ValueError: ``src`` is not convertible, or the options are invalid (`ConversionTaskError`: the head does not fit
+            the source). TypeError: not a model option.
     """
     src = check_checkpoint_source(src, "src")
-    if task not in TASK_CLASSES:
-        raise ValueError(f"task must be one of {', '.join(TASK_CLASSES)}, got {task!r}.")
+    task = _task_key(task)
     check_output_dir(dst, overwrite)
     options = _conversion_options(options)
     hub_kwargs = {"revision": revision, "token": token}
     source = _convertible_config(src, hub_kwargs)
+    task = task or _source_task(source, src)
     options.update(_kept_depth(num_hidden_layers, source, src))
     loaded_tokenizer = _conversion_tokenizer(src, tokenizer, hub_kwargs)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)  # new weights are drawn from the global generator
         model, newly_initialized = _converted_model(src, source, loaded_tokenizer, options, hub_kwargs, task)
+    untrained = sorted(set(newly_initialized) | set(untrained_weights(model)))  # a source's own record too
+    if untrained and not allow_untrained:  # before anything is written
+        raise _untrained_head_error(src, source, task, newly_initialized, untrained)
     if newly_initialized:  # returned, and printed by the command line: logged once, at info level
         logger.info("Newly initialised (not in %s): %s; fine-tune before use.", src, ", ".join(newly_initialized))
-    mark_untrained(model, sorted(set(newly_initialized) | set(untrained_weights(model))))  # a source's own too
-    card_kwargs = dict(card_data or {})
-    if not Path(src).exists() and "base_model" not in card_kwargs:
-        card_kwargs["base_model"] = str(src)
-    save_for_hub(model, loaded_tokenizer, dst, card_data=card_kwargs, overwrite=overwrite)
-    return ConvertedCheckpoint(Path(dst), model.config, newly_initialized, loaded_tokenizer is not None, source.model_type)
+    mark_untrained(model, untrained)
+    hub_id = {} if Path(src).exists() else {"base_model": str(src)}
+    save_for_hub(model, loaded_tokenizer, dst, card_data={**hub_id, **dict(card_data or {})}, overwrite=overwrite)
+    return ConvertedCheckpoint(Path(dst), model.config, newly_initialized, loaded_tokenizer is not None, source.model_type,
+                               task)
+
+
+#: The `TASK_CLASSES` key of each pipeline task (`HEAD_TASKS`), and back.
+_TASK_KEYS = {name: key for name, (key, _) in HEAD_TASKS.items()}
+_PIPELINE_TASKS = {key: name for name, key in _TASK_KEYS.items()}
+#: How the messages name each head.
+_HEAD_NAMES = {"qa": "question-answering", "mlm": "masked-LM", "sequence-classification": "sequence-classification",
+               "token-classification": "token-classification", "multiple-choice": "multiple-choice"}
+
+
+def _task_key(task: str | None) -> str | None:
+    """A ``task`` given to `convert_checkpoint` as its `TASK_CLASSES` key (a pipeline task name is taken too)."""
+    if task is None or task in TASK_CLASSES:
+        return task
+    if task in _TASK_KEYS:
+        return _TASK_KEYS[task]
+    raise ValueError(f"task must be one of {', '.join(TASK_CLASSES)} (or {', '.join(_TASK_KEYS)}), got {task!r}.")
+
+
+def _spelt(key: str, command: bool) -> str:
+    """A task as the library (``task='mlm'``) or the command (``--task fill-mask``) takes it."""
+    return f"--task {_PIPELINE_TASKS[key]}" if command else f"task={key!r}"
+
+
+def _source_task(source: PretrainedConfig, src: str | os.PathLike) -> str:
+    """The default head of a conversion: a Cluster-Former source's own (`ConversionTaskError` for a bare
+    `ClusterFormerModel`), else ``qa``."""
+    if source.model_type != ClusterFormerConfig.model_type or not source.architectures:
+        return "qa"
+    own = architectures_task(source.architectures)
+    if own is not None:
+        return _TASK_KEYS[own]
+
+    def message(command: bool) -> str:
+        choices = ", ".join(_spelt(key, command) for key in TASK_CLASSES)
+        return (f"{src} holds a {source.architectures[0]}, which has no head to keep; name the head to build ({choices}), "
+                f"and {'--allow-untrained' if command else 'allow_untrained=True'}: it is new.")
+
+    raise ConversionTaskError(message(False), message(True))
+
+
+def _untrained_head_error(
+    src: str | os.PathLike, source: PretrainedConfig, task: str, new: list[str], untrained: list[str]
+) -> ConversionTaskError:
+    """The refusal of a head the source lacks (``new`` weights) or holds untrained: what, and the two ways on."""
+    own = architectures_task(source.architectures)
+    own = _TASK_KEYS[own] if own is not None and _TASK_KEYS[own] != task else None
+    head = _HEAD_NAMES[task]
+
+    def message(command: bool) -> str:
+        flag = "--allow-untrained" if command else "allow_untrained=True"
+        if not new:
+            return (f"the {head} head of {src} ({', '.join(untrained)}) was never trained; train it first, or pass "
+                    f"{flag} to convert it as it is.")
+        return (f"{src} has no {head} head: {', '.join(untrained)} would be new, untrained weights"
+                + (f" (its own head is {_HEAD_NAMES[own]}: {_spelt(own, command)} keeps it)" if own else "")
+                + f"; pass {flag} to convert it for fine-tuning.")
+
+    return ConversionTaskError(message(False), message(True))
 
 
 def _conversion_options(options: Mapping[str, Any]) -> dict[str, Any]:

@@ -2,9 +2,11 @@
 
 ``export_model(model, out, format="onnx")`` writes an ONNX file (the dynamo exporter) that onnxruntime runs;
 ``format="torch"`` writes a `torch.export` program (``.pt2``, load it with `torch.export.load`). Both take
-``input_ids`` and ``attention_mask`` (B, T) of any B and T, padded on either side, and give the head's logits
-(QA: ``start_logits``, ``end_logits`` and ``answerable_logits`` when the model has that head; the sequence,
-token-classification and masked-LM heads: ``logits``; the base model: ``last_hidden_state``, ``pooler_output``).
+``input_ids`` and ``attention_mask`` (B, T) of any B and T, padded on either side (multiple choice: (B, C, T) of any
+C too), and give the head's logits (QA: ``start_logits``, ``end_logits`` and ``answerable_logits`` when the model has
+that head; the sequence, token-classification and masked-LM heads: ``logits``; multiple choice: (B, C) ``logits``;
+the base model: ``last_hidden_state``, ``pooler_output``). A head whose weights were never trained (recorded when it
+was added: `hf_clusterformer.pipeline.untrained_weights`) is refused unless ``allow_untrained``.
 
 The model's per-batch sizes (window count, prefix width, routed chunks) depend on the data, which eager code reads
 back once per forward. The exported head (`ExportedHead`) passes them instead as upper bounds from the input length
@@ -23,6 +25,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from hf_clusterformer_cli_support import convert_command
 from hf_clusterformer_files import holds_model, owned_by_model
 
 from .modeling_clusterformer import (
@@ -46,10 +49,10 @@ FORMATS = ("onnx", "torch")
 #: The file suffix of each format (the format of a file named without one is taken from it).
 FORMAT_SUFFIXES = {"onnx": ".onnx", "torch": ".pt2"}
 
-#: The classes that export (multiple choice takes (B, C, T) inputs and is left out).
+#: The classes that export (multiple choice with (B, C, T) inputs).
 EXPORT_CLASSES = {cls.__name__: cls for cls in (
     ClusterFormerForQuestionAnswering, ClusterFormerForSequenceClassification, ClusterFormerForTokenClassification,
-    ClusterFormerForMaskedLM, ClusterFormerModel,
+    ClusterFormerForMaskedLM, ClusterFormerForMultipleChoice, ClusterFormerModel,
 )}
 
 
@@ -67,7 +70,8 @@ def output_names(model: ClusterFormerPreTrainedModel) -> list[str]:
 
 
 class ExportedHead(nn.Module):
-    """The model as ``(input_ids, attention_mask) -> tuple of tensors`` (`output_names`), what is exported."""
+    """The model as ``(input_ids, attention_mask) -> tuple of tensors`` (`output_names`), what is exported; the inputs
+    are (B, T), or (B, C, T) for multiple choice."""
 
     def __init__(self, model: ClusterFormerPreTrainedModel):
         super().__init__()
@@ -75,18 +79,24 @@ class ExportedHead(nn.Module):
         self.names = output_names(model)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """(B, T) ids and mask -> the head's outputs, laid out with the bounds of `BatchSizes.for_export` (nothing
-        read back, so the program has no data-dependent sizes)."""
-        sizes = BatchSizes.for_export(self.model.config, input_ids.shape[1])
+        """(B, T) ids and mask ((B, C, T) for multiple choice) -> the head's outputs, laid out with the bounds of
+        `BatchSizes.for_export` (nothing read back, so the program has no data-dependent sizes)."""
+        sizes = BatchSizes.for_export(self.model.config, input_ids.shape[-1])  # every row (choice) has T tokens
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, batch_sizes=sizes, return_dict=True)
         return tuple(outputs[name] for name in self.names)
 
 
-def example_inputs(config, length: int | None = None, batch: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
-    """A right-padded batch of pair encodings ``<s> Q </s></s> C </s>`` to trace with: (B, T) ids and mask.
+def example_inputs(
+    config, length: int | None = None, batch: int = 2, choices: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A right-padded batch of pair encodings ``<s> Q </s></s> C </s>`` to trace with: (B, T) ids and mask, or
+    (B, C, T) with ``choices``.
 
     The sizes are symbolic in the exported program, so any values do; the default length spans two windows.
     """
+    if choices is not None:
+        ids, mask = example_inputs(config, length, batch * choices)
+        return ids.view(batch, choices, -1), mask.view(batch, choices, -1)
     length = length or config.window_size + config.window_stride + 8
     special = {config.bos_token_id, config.pad_token_id, config.separator_token_id, config.eos_token_id}
     filler = next(token for token in range(config.vocab_size) if token not in special)
@@ -107,9 +117,13 @@ def export_program(model: ClusterFormerPreTrainedModel, length: int | None = Non
     if not isinstance(model, tuple(EXPORT_CLASSES.values())):
         raise ExportError(f"cannot export a {type(model).__name__}; export one of {', '.join(EXPORT_CLASSES)}.")
     model.eval()
-    ids, mask = example_inputs(model.config, length)
     batch, tokens = torch.export.Dim("batch", min=1), torch.export.Dim("length", min=2)
-    dims = {0: batch, 1: tokens}
+    if isinstance(model, ClusterFormerForMultipleChoice):
+        ids, mask = example_inputs(model.config, length, choices=2)
+        dims = {0: batch, 1: torch.export.Dim("choices", min=1), 2: tokens}
+    else:
+        ids, mask = example_inputs(model.config, length)
+        dims = {0: batch, 1: tokens}
     with torch.no_grad():
         return torch.export.export(
             ExportedHead(model), (ids, mask), dynamic_shapes={"input_ids": dims, "attention_mask": dims},
@@ -119,10 +133,9 @@ def export_program(model: ClusterFormerPreTrainedModel, length: int | None = Non
 
 def load_for_export(path: str | os.PathLike) -> ClusterFormerPreTrainedModel:
     """The model class that ``config.json``'s ``architectures`` names, from a checkpoint directory or Hub id, in eval
-    mode; weights the checkpoint lacks (a new head) are recorded as untrained (`untrained_weights` reads them)."""
+    mode; weights the checkpoint lacks (a new head) are recorded as untrained by its ``from_pretrained``
+    (`untrained_weights` reads them)."""
     from transformers import AutoConfig
-
-    from .pipeline import mark_untrained
 
     try:
         path = check_checkpoint_source(path, "model")
@@ -134,17 +147,15 @@ def load_for_export(path: str | os.PathLike) -> ClusterFormerPreTrainedModel:
         raise ExportError(f"could not load a Cluster-Former config from {path}: {error}") from error
     if config.model_type != "clusterformer":
         raise ExportError(f"{path} is a {config.model_type!r} checkpoint, not a Cluster-Former one; convert it first "
-                          f"(`clusterformer convert {path} OUT`) and export OUT.")
+                          f"(`{convert_command(path, config.architectures)}`) and export OUT.")
     names = [name for name in (config.architectures or ["ClusterFormerForQuestionAnswering"]) if name in EXPORT_CLASSES]
     if not names:
         raise ExportError(f"{path} holds a {config.architectures[0]}, which does not export; export one of "
                           f"{', '.join(EXPORT_CLASSES)}.")
     try:
-        model, info = EXPORT_CLASSES[names[0]].from_pretrained(path, output_loading_info=True)
+        model = EXPORT_CLASSES[names[0]].from_pretrained(path)
     except (OSError, ValueError) as error:
         raise ExportError(f"could not load the weights of {path}: {error}") from error
-    new = [key for key in info["missing_keys"] if ".router." not in key]
-    mark_untrained(model, sorted(set(new) | set(untrained_weights(model))))
     return model.eval()
 
 
@@ -160,8 +171,8 @@ def export_model(
     """Export ``model`` (a model, or a checkpoint directory or Hub id) to ``out``: an ONNX file or a ``.pt2`` program.
 
     Args:
-        model: a Cluster-Former model (QA, sequence or token classification, masked LM, or the base model) or where
-            to load one from (`load_for_export`).
+        model: a Cluster-Former model (QA, masked LM, sequence or token classification, multiple choice, or the base
+            model) or where to load one from (`load_for_export`).
         out: the file to write.
         format: ``"onnx"`` (the dynamo exporter; run it with onnxruntime) or ``"torch"`` (`torch.export.save`);
             default: by the suffix of ``out`` (``.onnx``, ``.pt2``; ONNX for any other), which must agree with it.

@@ -262,7 +262,8 @@ def write_checkpoint(
         tokenizer.save_pretrained(save_dir)
     if card is None:
         fitted = {index: bool(router.fitted) for index, router in model.cluster_routers().items()}
-        card = make_model_card(config, **{"centroids_fitted": fitted, **dict(card_data or {})})
+        mask = {"mask_token": tokenizer.mask_token} if getattr(tokenizer, "mask_token", None) else {}
+        card = make_model_card(config, **{"centroids_fitted": fitted, **mask, **dict(card_data or {})})
     elif card_data:
         raise ValueError("Give either card or card_data, not both.")
     (save_dir / "README.md").write_text(stamp_card(str(card)), encoding="utf-8")

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hf_clusterformer_cli_support import CommandError, OneLineParser
+from hf_clusterformer_cli_support import HEAD_TASKS, CommandError, OneLineParser, architectures_task, convert_command
 from hf_clusterformer_files import GENERATED_MARK, card_state, owned_by_model, stamp_card
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
@@ -36,6 +36,7 @@ __all__ = [
     "GENERATED_MARK",
     "card_from_spec",
     "checkpoint_centroids_fitted",
+    "checkpoint_mask_token",
     "default_widget",
     "load_results",
     "main",
@@ -56,6 +57,8 @@ _METRICS = {"exact_match": "Exact Match", "f1": "F1"}
 _METRIC_ALIASES = {"exact_match": "exact_match", "exact": "exact_match", "em": "exact_match", "f1": "f1"}
 _PREFIXES = ("eval_", "test_", "predict_", "validation_")
 _DEFAULT_TAGS = ("clusterformer", "long-context", "extractive-qa", "question-answering", "custom_code")
+#: The pipeline task of a card whose config names no head.
+DEFAULT_TASK = "question-answering"
 _CONFIG_FILE_FIELDS = ("transformers_version", "auto_map", "custom_pipelines", "architectures", "_name_or_path")
 #: The card body, a Jinja template rendered by `huggingface_hub.ModelCard.from_template`.
 TEMPLATE = Path(__file__).resolve().parent / "modelcard_template.md"
@@ -118,8 +121,10 @@ def load_results(
     return normalised
 
 
-def default_widget() -> list[dict[str, str]]:
-    """One widget example whose context spans several paragraphs (about 600 tokens), answer in the last one."""
+def default_widget(task: str = DEFAULT_TASK, mask_token: str = "<mask>") -> list[dict[str, str]]:
+    """One widget example of the ``task`` (a pipeline task of `HEAD_TASKS`) over a text of several paragraphs (about
+    600 tokens), the answer in the last one: a question and context, a text with ``mask_token``, or a text; none for
+    multiple choice (the Hub has no widget for it)."""
     towns = ["Arden", "Belmor", "Calder", "Dunmere", "Elstow", "Fenwick", "Garlow", "Harrow", "Ilsby", "Jarrow"]
     trades = ["weaver", "baker", "smith", "potter", "miller", "tanner", "cooper", "mason", "fisher", "carter"]
     paragraphs = []
@@ -133,13 +138,14 @@ def default_widget() -> list[dict[str, str]]:
     paragraphs.append(
         "The lighthouse keeper of the northern cape, Maren Holt, was born in Garlow and moved to the coast at nineteen."
     )
-    return [
-        {
-            "text": "Where was the lighthouse keeper born?",
-            "context": "\n\n".join(paragraphs),
-            "example_title": "Long context",
-        }
-    ]
+    context = "\n\n".join(paragraphs)
+    if task == "multiple-choice":
+        return []
+    if task == "question-answering":
+        return [{"text": "Where was the lighthouse keeper born?", "context": context, "example_title": "Long context"}]
+    if task == "fill-mask":
+        context += f"\n\nThe keeper still goes back to {mask_token} every spring."
+    return [{"text": context, "example_title": "Long context"}]
 
 
 def run_card_data(run: Mapping[str, Any]) -> dict[str, Any]:
@@ -183,6 +189,21 @@ def checkpoint_centroids_fitted(path: str | os.PathLike) -> dict[int, bool] | No
     return fitted if files else None
 
 
+def checkpoint_mask_token(path: str | os.PathLike) -> str | None:
+    """The mask token of the tokenizer saved in a checkpoint directory (``None`` without one)."""
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):
+        file = Path(path, name)
+        if file.is_file():
+            try:
+                token = json.loads(file.read_text(encoding="utf-8")).get("mask_token")
+            except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+                continue
+            token = token.get("content") if isinstance(token, Mapping) else token
+            if isinstance(token, str) and token:
+                return token
+    return None
+
+
 def _config(config: ClusterFormerConfig | Mapping | str | os.PathLike) -> ClusterFormerConfig:
     if isinstance(config, ClusterFormerConfig):
         return config
@@ -195,10 +216,12 @@ def _config(config: ClusterFormerConfig | Mapping | str | os.PathLike) -> Cluste
     if kind != ClusterFormerConfig.model_type:
         raise ValueError(
             f"{where} is a plain {kind} checkpoint's config, not a Cluster-Former one, so a card would describe cluster "
-            f"layers it does not have; convert it first (`clusterformer convert {where} OUT`) and write the card of OUT."
+            f"layers it does not have; convert it first (`{convert_command(where, dict(config).get('architectures'))}`) "
+            "and write the card of OUT."
         )
-    values = {k: v for k, v in dict(config).items() if k not in _CONFIG_FILE_FIELDS and k != "model_type"}
-    return ClusterFormerConfig(**values)
+    values = {k: v for k, v in dict(config).items()
+              if (k not in _CONFIG_FILE_FIELDS or k == "architectures") and k != "model_type"}
+    return ClusterFormerConfig(**values)  # architectures kept: they name the head (the card's task)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -213,7 +236,7 @@ def make_model_card(
     results_dataset: Mapping[str, str] | None = None, centroids_fitted: Mapping[int, bool] | None = None,
     centroid_fitting: str | None = None, widget: Sequence[Mapping[str, str]] | None = None, license: str = "apache-2.0",
     language: str | Sequence[str] | None = "en", tags: Sequence[str] = (), description: str | None = None,
-    revision: str | None = None,
+    revision: str | None = None, task: str | None = None, mask_token: str | None = None,
 ) -> ModelCard:
     """Build the README.md of a Cluster-Former checkpoint.
 
@@ -224,43 +247,140 @@ def make_model_card(
         datasets: Hub dataset ids it was trained on (metadata ``datasets``).
         training_data: free text about the training data (e.g. for generated data without a Hub id).
         results: measured results, see `load_results`; ``None`` or empty writes "not evaluated".
-        results_dataset: ``{"name", "type", "split", "config"}`` of results given without a dataset; defaults to
-            the first of ``datasets``.
-        centroids_fitted: per cluster layer, whether K-Means centroids were fitted (``fitted`` buffers);
-            ``None`` when unknown.
+        results_dataset: ``{"name", "type", "split", "config"}`` of results without a dataset (default: ``datasets[0]``).
+        centroids_fitted: per cluster layer, whether K-Means centroids were fitted (``None`` when unknown).
         centroid_fitting: how/when centroids were fitted (e.g. "every 500 steps on 20k context states").
-        widget: Hub widget examples ``{"text": question, "context": ..., "example_title": ...}``; by default
-            `default_widget`.
-        license, language, tags: metadata; tags are added to the Cluster-Former defaults.
-        description: an opening paragraph.
+        widget: Hub widget examples (``{"text": question, "context": ..., "example_title": ...}`` for QA); by
+            default `default_widget` of the task.
+        license, language, tags: metadata; tags are added to the Cluster-Former defaults. description: an opening.
         revision: the Hub commit (or tag) the remote-code snippets pin with ``revision=``; default ``"main"``, with a
             note to pin the tested commit (`hub.push_model` returns it, ``clusterformer push`` prints it).
+        task: the pipeline task of the head (`HEAD_TASKS`), which sets the pipeline tag, widget, snippets and wording;
+            default: the head the config's ``architectures`` name, else question answering (the only one with results).
+        mask_token: the tokenizer's mask token, for a fill-mask widget and snippet (default ``<mask>``).
 
     Returns:
-        A `ModelCard`: YAML metadata (transformers, question-answering, model-index when there are results) and a
-        body on the cluster configuration and usage.
+        A `ModelCard`: YAML metadata (transformers, the pipeline tag, model-index when there are results) and a body
+        on the cluster configuration and usage.
     """
     config = _config(config)
-    name = model_id.split("/")[-1] if model_id else "clusterformer-qa"
+    task = _card_task(config, task, results)
+    question_answering = task == DEFAULT_TASK
+    name = model_id.split("/")[-1] if model_id else "clusterformer-" + ("qa" if question_answering else task)
     if results_dataset is None and datasets:
         results_dataset = {"name": GENERATED_DATASETS.get(datasets[0], {}).get("name", datasets[0]), "type": datasets[0]}
     results = load_results(results, results_dataset) if results else []
-    examples = [dict(example) for example in (widget if widget is not None else default_widget())]
+    mask_token = mask_token or "<mask>"
+    examples = [dict(example) for example in (widget if widget is not None else default_widget(task, mask_token))]
     hub_datasets, training_data = _split_datasets(datasets, training_data)
     eval_results = _eval_results(results)
     data = ModelCardData(
-        library_name="transformers", pipeline_tag="question-answering", license=license, language=language,
-        tags=list(dict.fromkeys([*_DEFAULT_TAGS, *tags])), datasets=hub_datasets or None, base_model=base_model,
-        model_name=name if eval_results else None, eval_results=eval_results or None, widget=examples,
+        library_name="transformers", pipeline_tag=task, license=license, language=language,
+        tags=list(dict.fromkeys([*_task_tags(task), *tags])), datasets=hub_datasets or None, base_model=base_model,
+        model_name=name if eval_results else None, eval_results=eval_results or None, widget=examples or None,
     )
+    repo, long_text = model_id or "path/to/checkpoint", _snippet_text(examples if question_answering else default_widget())
     return ModelCard.from_template(
         data, template_path=str(TEMPLATE), name=name, description=(description or "").strip(), config=config,
-        kinds=config.layer_kinds, settings=_settings_rows(config, centroids_fitted),
+        kinds=config.layer_kinds, settings=_settings_rows(config, centroids_fitted, task),
         centroid_fitting=(centroid_fitting or "").strip(), results=_result_rows(results), hub_datasets=hub_datasets,
-        training_data=(training_data or "").strip(), repo=model_id or "path/to/checkpoint", revision=revision or "main",
+        training_data=(training_data or "").strip(), repo=repo, revision=revision or "main",
         pinned=bool(revision), question=json.dumps(examples[0].get("text", "Who wrote it?") if examples else "Who wrote it?"),
-        long_text=_snippet_text(examples), citation=CITATION, marker=GENERATED_MARK,
+        long_text=long_text, citation=CITATION, marker=GENERATED_MARK,
+        **_task_text(task, repo, long_text, mask_token, revision or "main"),
     )
+
+
+def _task_tags(task: str) -> tuple[str, ...]:
+    """The default tags of a card of ``task``: the Cluster-Former ones, QA's (extractive-qa) or the task's."""
+    return _DEFAULT_TAGS if task == DEFAULT_TASK else (*_DEFAULT_TAGS[:2], task, _DEFAULT_TAGS[-1])
+
+
+def _card_task(config: ClusterFormerConfig, task: str | None, results: Any) -> str:
+    """The card's pipeline task: ``task``, or the head the config's ``architectures`` name, or question answering
+    (`ValueError` for another name, or for results of another task: exact match / F1 are question answering's)."""
+    task = task or architectures_task(getattr(config, "architectures", None)) or DEFAULT_TASK
+    if task not in HEAD_TASKS:
+        raise ValueError(f"task must be one of {', '.join(HEAD_TASKS)}, got {task!r}.")
+    if results and task != DEFAULT_TASK:
+        raise ValueError(f"results hold exact match / F1 of question answering; this card is of a {task} model.")
+    return task
+
+
+def _task_text(task: str, repo: str, long_text: str, mask: str, revision: str) -> dict[str, Any]:
+    """The template's words for the head of ``task`` (`_HEADS`) and, but for QA's (in the template), its snippets."""
+    text: dict[str, Any] = {"task": task, "head": {key: value.format(mask=mask) for key, value in _HEADS[task].items()}}
+    if task != DEFAULT_TASK:
+        text["plugin_snippet"] = _usage(task, repo, long_text, mask, remote=False)
+        text["remote_snippet"] = _usage(task, repo, long_text, mask, remote=True, revision=revision)
+    return text
+
+
+#: How a card describes each head (`make_model_card`'s template): what the model is, what goes in and comes out, what
+#: every window holds beside its slice of the text, and what the snippets' call returns.
+_HEADS = {
+    "question-answering": {"prefix": "the question"},
+    "fill-mask": {
+        "model": "A masked language model", "input": "A text (or a pair of texts)",
+        "output": "the masked-LM head gives logits over the vocabulary for every input token",
+        "prefix": "the text's `<s>` (for a pair of texts, the first text)",
+        "returns": "The pipeline returns the `top_k` most likely tokens for the mask token (`{mask}`, one per text), "
+                   "each with its `score` and the filled-in `sequence`.",
+    },
+    "text-classification": {
+        "model": "A text classifier", "input": "A text (or a pair of texts)",
+        "output": "the classification head reads the mean of the windows' `<s>` states and gives a score per label",
+        "prefix": "the text's `<s>` (for a pair of texts, the first text)",
+        "returns": "The pipeline returns a `label` and its `score` (with `top_k=None`, every label).",
+    },
+    "token-classification": {
+        "model": "A token classifier", "input": "A text (or a pair of texts)",
+        "output": "the head gives a score per label for every input token",
+        "prefix": "the text's `<s>` (for a pair of texts, the first text)",
+        "returns": "The pipeline returns an entry per token (`entity`, `score`, `word`, `start`, `end`), leaving out the "
+                   "labels of `ignore_labels`; `aggregation_strategy` groups them into words or spans.",
+    },
+    "multiple-choice": {
+        "model": "A multiple-choice model", "input": "Each choice, `<s> question option </s></s> context </s>` with the "
+                 "whole context",
+        "output": "the head scores it from the mean of the windows' `<s>` states",
+        "prefix": "the question and the option",
+        "returns": "`logits` holds a score per choice, (batch, choices); the highest is the model's answer.",
+    },
+}
+#: The pipeline call of each head's usage snippet (``{repo}``, ``{load}``: the loading arguments, ``{mask}``).
+_PIPELINE_CALLS = {
+    "fill-mask": 'fill = pipeline("fill-mask", model="{repo}"{load})\n'
+                 'print(fill(long_text + " She was born in {mask}.", top_k=3))\n',
+    "text-classification": 'classify = pipeline("text-classification", model="{repo}"{load})\n'
+                           "print(classify(long_text, top_k=None))\n",
+    "token-classification": 'tag = pipeline("token-classification", model="{repo}"{load})\n'
+                            "print(tag(long_text)[:10])\n",
+}
+_MULTIPLE_CHOICE = """import torch
+from transformers import AutoModelForMultipleChoice, AutoTokenizer
+
+long_text = {long_text}  # your long document{revision}
+question, options = "Where was the lighthouse keeper born?", ["Garlow", "Harrow", "Arden"]
+tokenizer = AutoTokenizer.from_pretrained("{repo}"{load})
+model = AutoModelForMultipleChoice.from_pretrained("{repo}"{load})
+choices = tokenizer([f"{{question}} {{option}}" for option in options], [long_text] * len(options), padding=True,
+                    return_tensors="pt")
+with torch.no_grad():
+    logits = model(**{{name: tensor.unsqueeze(0) for name, tensor in choices.items()}}).logits  # (1, choices)
+print(options[int(logits.argmax())])
+"""
+
+
+def _usage(task: str, repo: str, long_text: str, mask: str, remote: bool, revision: str = "main") -> str:
+    """The usage snippet of a head other than QA's (with the plugin imported before it, or ``remote``: the code stored
+    with the checkpoint, pinned to ``revision``): a pipeline call, or the model called on (1, choices, length) inputs."""
+    load = ", trust_remote_code=True, revision=revision" if remote else ""
+    pinned = f'\nrevision = "{revision}"' if remote else ""
+    if task == "multiple-choice":
+        return _MULTIPLE_CHOICE.format(long_text=long_text, revision=pinned, repo=repo, load=load)
+    call = _PIPELINE_CALLS[task].format(repo=repo, load=load, mask=mask)
+    return f"from transformers import pipeline\n\nlong_text = {long_text}  # your long document{pinned}\n{call}"
 
 
 #: The filler paragraph of the usage snippets' stand-in for a long document.
@@ -295,10 +415,24 @@ def _eval_results(results: list[dict[str, Any]]) -> list[EvalResult]:
     ]
 
 
-def _settings_rows(config: ClusterFormerConfig, centroids_fitted: Mapping[int, bool] | None) -> list[tuple[str, str]]:
+#: The settings rows that name a head's parts: (longest prefix, longest text, untrained head) per task.
+_SETTING_NAMES = {
+    "question-answering": ("Longest question", "Longest context", "QA head"),
+    "fill-mask": ("Longest first text of a pair", "Longest text", "Masked-LM head"),
+    "text-classification": ("Longest first text of a pair", "Longest text", "Classification head"),
+    "token-classification": ("Longest first text of a pair", "Longest text", "Token-classification head"),
+    "multiple-choice": ("Longest question and option", "Longest context", "Multiple-choice head"),
+}
+
+
+def _settings_rows(
+    config: ClusterFormerConfig, centroids_fitted: Mapping[int, bool] | None, task: str = DEFAULT_TASK
+) -> list[tuple[str, str]]:
     """The card's configuration table: (setting, value) rows."""
     kinds = config.layer_kinds
     untrained = (getattr(config, "untrained_weights", None) or {}).get("names")
+    prefix, text, head = _SETTING_NAMES[task]
+    refused = " (the pipeline refuses it until then)" if task == DEFAULT_TASK else ""
     return [
         ("Encoder layers", f"{config.num_hidden_layers} (hidden size {config.hidden_size}, "
                            f"{config.num_attention_heads} heads)"),
@@ -306,11 +440,10 @@ def _settings_rows(config: ClusterFormerConfig, centroids_fitted: Mapping[int, b
          or "none (sliding-window layers only)"),
         ("Clusters per global layer", str(config.num_clusters)),
         ("Window size / stride", f"{config.window_size} / {config.window_stride} context tokens"),
-        ("Longest question", f"{config.max_question_length} tokens"),
-        ("Longest context", f"{config.max_context_length:,} tokens"),
-        ("Answerability head", "yes" if config.use_answerability_head else "no"),
-        *([("QA head", "newly initialised, never trained: fine-tune before use (the pipeline refuses it until then)")]
-          if untrained else []),
+        (prefix, f"{config.max_question_length} tokens"),
+        (text, f"{config.max_context_length:,} tokens"),
+        *([("Answerability head", "yes" if config.use_answerability_head else "no")] if task == DEFAULT_TASK else []),
+        *([(head, f"newly initialised, never trained: fine-tune before use{refused}")] if untrained else []),
         ("Centroids", _centroid_state(kinds, centroids_fitted)),
     ]
 
@@ -356,7 +489,7 @@ def _fmt(value: float | None) -> str:
 
 _SPEC_KEYS = {
     "model_id", "base_model", "datasets", "training_data", "results", "results_dataset", "centroids_fitted",
-    "centroid_fitting", "widget", "license", "language", "tags", "description", "revision",
+    "centroid_fitting", "widget", "license", "language", "tags", "description", "revision", "task", "mask_token",
 }
 
 
@@ -420,27 +553,17 @@ def _read_json(path: str, what: str) -> Any:
 
 def _write_card(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     spec: dict[str, Any] = _read_json(args.spec, "--spec") if args.spec else {}
-    checkpoint = args.checkpoint
-    if checkpoint is not None:
-        if not Path(checkpoint).exists():
-            raise ValueError(f"checkpoint folder {checkpoint} does not exist; give a checkpoint directory.")
-        if not Path(checkpoint, "config.json").is_file():
-            raise ValueError(f"checkpoint {checkpoint} has no config.json; give a checkpoint directory.")
-        args.config = args.config or checkpoint
-        default_results = Path(checkpoint, "all_results.json")
-        if args.results is None and default_results.is_file():
-            args.results = str(default_results)
-        args.out = args.out or checkpoint
-        spec.setdefault("model_id", Path(checkpoint).resolve().name)
-        fitted = checkpoint_centroids_fitted(checkpoint)
-        if fitted is not None:
-            spec["centroids_fitted"] = fitted
+    if args.checkpoint is not None:
+        _read_checkpoint(args, spec)
     if args.out is None:
         parser.error("give --out or a checkpoint directory")
     if args.config:
         if not Path(args.config).exists():
             raise ValueError(f"--config {args.config} does not exist.")
-        spec["config"] = _config(args.config).to_diff_dict()
+        config = _config(args.config)
+        if architectures_task(config.architectures):  # the head the config names is the card's task
+            spec["task"] = architectures_task(config.architectures)
+        spec["config"] = config.to_diff_dict()
         for key in _CONFIG_FILE_FIELDS:
             spec["config"].pop(key, None)
     if args.results:
@@ -477,6 +600,30 @@ def _write_card(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         Path(args.spec).write_text(json.dumps(spec, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     print(f"wrote {out}")
     return 0
+
+
+def _read_checkpoint(args: argparse.Namespace, spec: dict[str, Any]) -> None:
+    """What the card of checkpoint directory ``args.checkpoint`` reads from it: its config, README.md as the default
+    ``--out``, its folder name as the model id, its centroid state, its tokenizer's mask token, and (for a QA model)
+    the EM/F1 of its run's all_results.json."""
+    checkpoint = args.checkpoint
+    if not Path(checkpoint).exists():
+        raise ValueError(f"checkpoint folder {checkpoint} does not exist; give a checkpoint directory.")
+    if not Path(checkpoint, "config.json").is_file():
+        raise ValueError(f"checkpoint {checkpoint} has no config.json; give a checkpoint directory.")
+    args.config = args.config or checkpoint
+    default_results = Path(checkpoint, "all_results.json")
+    question_answering = architectures_task(_config(args.config).architectures) in (None, DEFAULT_TASK)
+    if args.results is None and default_results.is_file() and question_answering:  # another head's run: no EM/F1
+        args.results = str(default_results)
+    args.out = args.out or checkpoint
+    spec.setdefault("model_id", Path(checkpoint).resolve().name)
+    fitted = checkpoint_centroids_fitted(checkpoint)
+    if fitted is not None:
+        spec["centroids_fitted"] = fitted
+    mask = checkpoint_mask_token(checkpoint)
+    if mask:
+        spec["mask_token"] = mask
 
 
 def _check_card_target(out: Path, card: str, overwrite: bool) -> None:

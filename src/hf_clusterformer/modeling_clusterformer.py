@@ -27,6 +27,7 @@ This file is self-contained for the Hub: it imports only torch, transformers and
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 import shutil
@@ -954,6 +955,21 @@ class ClusterFormerKwargs(TransformersKwargs, total=False):
 LEGACY_KEY_MAPPING = {r"encoder\.routers\.(\d+)\.": r"encoder.layer.\1.router."}
 
 
+def _record_new_weights(model: nn.Module, missing_keys) -> None:
+    """Record the parameters `from_pretrained` initialised because the checkpoint lacks them (router buffers aside)
+    as untrained in ``model.config``, with those recorded before that are still untrained: the record of
+    `hf_clusterformer.pipeline.mark_untrained`, which export and the QA pipeline read (and refuse until the weights
+    change), so that a head drawn at load and saved as it is (through the Auto classes too) is known as untrained.
+
+    The record's fingerprint lives with the pipeline that checks it, a package module: these files loaded as a Hub
+    checkpoint's code, without the package, record nothing."""
+    new = [key for key in missing_keys if ".router." not in key]
+    if not new or __package__ != "hf_clusterformer":
+        return
+    records = importlib.import_module(".pipeline", __package__)
+    records.mark_untrained(model, sorted(set(new) | set(records.untrained_weights(model))))
+
+
 class ClusterFormerPreTrainedModel(RobertaPreTrainedModel):
     """Weight initialisation and loading shared by the Cluster-Former models.
 
@@ -990,17 +1006,20 @@ class ClusterFormerPreTrainedModel(RobertaPreTrainedModel):
     def from_pretrained(cls, *args, **kwargs):
         """`PreTrainedModel.from_pretrained`, with a clear error when saved centroids do not fit the options; router
         buffers saved under ``encoder.routers.{i}`` (checkpoints from before routers lived in their layers) load into
-        ``encoder.layer.{i}.router``."""
+        ``encoder.layer.{i}.router``. Weights the checkpoint lacks (a head added to an encoder or to another head's
+        checkpoint, as the Auto classes load one) are recorded as untrained (`_record_new_weights`)."""
         if args and not kwargs.get("ignore_mismatched_sizes") and kwargs.get("config") is None:
             cls._check_shape_overrides(args[0], kwargs)
         kwargs["key_mapping"] = {**LEGACY_KEY_MAPPING, **(kwargs.get("key_mapping") or {})}
-        model = super().from_pretrained(*args, **kwargs)
+        loading_info = kwargs.get("output_loading_info", False)
+        model, info = super().from_pretrained(*args, **{**kwargs, "output_loading_info": True})
         # transformers saves a model with the reverse of the renames it was loaded with: the legacy one is load-only
         conversions = getattr(model, "_weight_conversions", None)
         if conversions:
             kept = [c for c in conversions if not set(getattr(c, "source_patterns", None) or ()) & set(LEGACY_KEY_MAPPING)]
             model._weight_conversions = kept or None
-        return model
+        _record_new_weights(model, info["missing_keys"])
+        return (model, info) if loading_info else model
 
     @classmethod
     def _check_shape_overrides(cls, source, kwargs: dict) -> None:

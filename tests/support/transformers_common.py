@@ -94,4 +94,8 @@ def fetch() -> Path:
 
 
 if __name__ == "__main__":
-    print(f"transformers' common tests: {fetch()}")
+    try:
+        print(f"transformers' common tests: {fetch()}")
+    except (OSError, subprocess.CalledProcessError, ValueError, KeyError, tarfile.TarError) as error:
+        # the package registry out of reach: the common tests skip, saying why (the rest of `make test` runs)
+        print(f"transformers' common tests not fetched ({error}); tests/test_transformers_common.py will skip them.")

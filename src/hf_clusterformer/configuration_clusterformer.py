@@ -310,9 +310,9 @@ class ClusterFormerConfig(RobertaConfig):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}.")
 
-    def _validate_centroid_memory(self) -> None:
+    def check_centroid_memory(self, option: str = "num_clusters") -> None:
         """Raise `ValueError` when the centroids (or LSH projections) would take more than a quarter of this
-        machine's memory, naming ``num_clusters`` and the largest value that fits (instead of an allocator error)."""
+        machine's memory, naming ``option`` and the largest value that fits (instead of an allocator error)."""
         routed = sum(kind in ROUTED_LAYER_TYPES for kind in self.layer_kinds)
         if not routed:
             return
@@ -321,7 +321,7 @@ class ClusterFormerConfig(RobertaConfig):
         bound = max(1, memory // 4 // per_cluster)
         if self.num_clusters > bound:
             raise ValueError(
-                f"num_clusters {self.num_clusters} needs {_size(self.num_clusters * per_cluster)} of centroids "
+                f"{option} {self.num_clusters} needs {_size(self.num_clusters * per_cluster)} of centroids "
                 f"({self.num_clusters} x hidden size {self.hidden_size} x 4 bytes x {routed} layers), more than a "
                 f"quarter of this machine's memory ({_size(memory)}); give at most {bound} (the paper uses 64 to 512)."
             )
@@ -349,7 +349,7 @@ class ClusterFormerConfig(RobertaConfig):
             raise ValueError(f"max_question_length must be at least 1, got {self.max_question_length}.")
         if self.max_context_length < 1:
             raise ValueError(f"max_context_length must be at least 1, got {self.max_context_length}.")
-        self._validate_centroid_memory()
+        self.check_centroid_memory()
 
     def check_position_budget(self) -> None:
         """Raise `ValueError` unless a question prefix plus a window fits RoBERTa's position table.

@@ -21,7 +21,6 @@ from hf_clusterformer_files import check_output_dir
 
 from .configuration_clusterformer import (
     LAYER_KIND_SHORTCUTS,
-    ROUTED_LAYER_TYPES,
     ClusterFormerConfig,
     model_options,
     override_layer_kinds,
@@ -77,37 +76,9 @@ def check_context_length(value: int | None, option: str = "max_context_length") 
         raise ValueError(f"{option} must be an integer from 1 to {MAX_CONTEXT_LENGTH}, got {value!r}.")
 
 
-def _memory_bytes() -> int:
-    """This machine's physical memory (16 GiB where the system does not say)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return 16 << 30
-
-
-def _size(count: float) -> str:
-    for unit in ("bytes", "KB", "MB", "GB", "TB", "PB"):
-        if count < 1000 or unit == "PB":
-            return f"{count:.0f} {unit}" if unit == "bytes" else f"{count:.1f} {unit}"
-        count /= 1000
-    raise AssertionError  # unreachable
-
-
 def check_centroid_memory(config: ClusterFormerConfig, option: str = "num_clusters") -> None:
-    """Raise `ValueError` when the centroids (or LSH projections) of ``config`` would take more than a quarter of
-    this machine's memory, naming ``option`` and the largest value that fits (instead of running out of memory)."""
-    routed = sum(kind in ROUTED_LAYER_TYPES for kind in config.layer_kinds)
-    if not routed:
-        return
-    per_cluster = config.hidden_size * 4 * routed  # float32 rows, one table per cluster/LSH layer
-    memory = _memory_bytes()
-    bound = max(1, memory // 4 // per_cluster)
-    if config.num_clusters > bound:
-        raise ValueError(
-            f"{option} {config.num_clusters} needs {_size(config.num_clusters * per_cluster)} of centroids "
-            f"({config.num_clusters} x hidden size {config.hidden_size} x 4 bytes x {routed} layers), more than a "
-            f"quarter of this machine's memory ({_size(memory)}); give at most {bound} (the paper uses 64 to 512)."
-        )
+    """`ClusterFormerConfig.check_centroid_memory` of ``config``, naming ``option`` (a command's flag) in its error."""
+    config.check_centroid_memory(option)
 
 
 def checkpoint_model_type(path: str | os.PathLike, **hub_kwargs: Any) -> str | None:

@@ -59,9 +59,19 @@ from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, can_return_tuple, logging
 
 try:  # package import
-    from .configuration_clusterformer import QUESTION_PREFIX_SPECIAL_TOKENS, ROUTED_LAYER_TYPES, ClusterFormerConfig
+    from .configuration_clusterformer import (
+        LAYER_KIND_SHORTCUTS,
+        QUESTION_PREFIX_SPECIAL_TOKENS,
+        ROUTED_LAYER_TYPES,
+        ClusterFormerConfig,
+    )
 except ImportError:  # Hub copy loaded with trust_remote_code
-    from configuration_clusterformer import QUESTION_PREFIX_SPECIAL_TOKENS, ROUTED_LAYER_TYPES, ClusterFormerConfig
+    from configuration_clusterformer import (
+        LAYER_KIND_SHORTCUTS,
+        QUESTION_PREFIX_SPECIAL_TOKENS,
+        ROUTED_LAYER_TYPES,
+        ClusterFormerConfig,
+    )
 
 logger = logging.get_logger(__name__)
 
@@ -1032,8 +1042,7 @@ class ClusterFormerPreTrainedModel(RobertaPreTrainedModel):
         saved, _ = PretrainedConfig.get_config_dict(source, **hub)
         if saved.get("model_type") != cls.config_class.model_type:
             return  # a RoBERTa checkpoint has no centroids: its options may be set freely
-        kinds = {name: kwargs[name] for name in ("cluster_layers", "global_layer_type", "layer_types", "layer_kinds")
-                 if name in kwargs}
+        kinds = {name: kwargs[name] for name in (*LAYER_KIND_SHORTCUTS, "layer_kinds") if name in kwargs}
         routed = any(kind in ROUTED_LAYER_TYPES for kind in cls.config_class.from_dict(dict(saved), **kinds).layer_kinds)
         for name, value in overrides.items():
             if saved.get(name) not in (None, value) and (routed or name == "hidden_size"):

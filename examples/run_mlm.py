@@ -56,7 +56,7 @@ from hf_clusterformer.configuration_clusterformer import model_options, required
 from hf_clusterformer.data import build_tokenizer
 from hf_clusterformer.data.multipassage import default_squad_path, read_squad
 from hf_clusterformer.conversion import checkpoint_model_type, convert_checkpoint
-from hf_clusterformer.hub import RESULT_FILES, check_output_dir, check_result_files, holds_model, writing_model_dir
+from hf_clusterformer_files import run_output_dir
 from hf_clusterformer.qa_training import CentroidArguments, ModelArguments, _argument_parser
 
 
@@ -260,20 +260,8 @@ def evaluate_blocks(model, blocks: datasets.Dataset) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = _argument_parser((ModelArguments, MlmDataArguments, CentroidArguments, TrainingArguments))
     model_args, data_args, centroid_args, training_args = parser.parse_args_into_dataclasses(args=argv)
-    output_dir = training_args.output_dir
-    if training_args.do_train and not training_args.resume_from_checkpoint:
-        check_output_dir(output_dir, model_args.overwrite, "--overwrite", results=RESULT_FILES)
-    elif not training_args.do_train:  # an evaluation keeps an earlier run's records
-        check_result_files(output_dir, RESULT_FILES, model_args.overwrite, "--overwrite")
-    if training_args.do_train and not training_args.resume_from_checkpoint and holds_model(output_dir):
-        # --overwrite: the new model replaces the old one's own files (its card, code, records, checkpoints) at once
-        with writing_model_dir(output_dir, overwrite=True) as staging:
-            training_args.output_dir = str(staging)
-            try:
-                return _run(model_args, data_args, centroid_args, training_args)
-            finally:
-                training_args.output_dir = output_dir
-    return _run(model_args, data_args, centroid_args, training_args)
+    with run_output_dir(training_args, model_args.overwrite):  # the write rule of `clusterformer train`
+        return _run(model_args, data_args, centroid_args, training_args)
 
 
 def _run(model_args, data_args, centroid_args, training_args):

@@ -20,6 +20,7 @@ import tempfile
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "GENERATED_MARK",
@@ -40,6 +41,7 @@ __all__ = [
     "default_mode",
     "holds_model",
     "owned_by_model",
+    "run_output_dir",
     "writing_model_dir",
 ]
 
@@ -266,3 +268,29 @@ def _put_in_place(staging: Path, path: Path) -> None:
     os.replace(staging, path)
     if previous is not None:
         shutil.rmtree(previous, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def run_output_dir(training_args: Any, overwrite: bool, check_records: bool = True) -> Iterator[None]:
+    """The write rule of a training run's ``training_args.output_dir`` (a `transformers.TrainingArguments`).
+
+    Training (not resuming) into a folder that holds a model or a run's records (`RESULT_FILES`) is refused unless
+    ``overwrite``; with it, the run writes into a sibling folder (``training_args.output_dir`` points there inside the
+    block) that replaces the old model's own files in one rename when the block ends (`writing_model_dir`). An
+    evaluation keeps an earlier run's records unless ``overwrite`` (when ``check_records``).
+    """
+    output_dir = training_args.output_dir
+    training = training_args.do_train and not training_args.resume_from_checkpoint
+    if training:
+        check_output_dir(output_dir, overwrite, "--overwrite", results=RESULT_FILES)
+    elif check_records and not training_args.do_train:
+        check_result_files(output_dir, RESULT_FILES, overwrite, "--overwrite")
+    if not (training and holds_model(output_dir)):
+        yield
+        return
+    with writing_model_dir(output_dir, overwrite=True) as staging:
+        training_args.output_dir = str(staging)
+        try:
+            yield
+        finally:
+            training_args.output_dir = output_dir

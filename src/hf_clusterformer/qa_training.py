@@ -27,6 +27,8 @@ from transformers import (
     set_seed,
 )
 
+from hf_clusterformer_files import run_output_dir
+
 from .callback import CentroidUpdateCallback
 from .centroid_updates import SMALL_MODEL_CENTROIDS, CentroidUpdateSettings
 from .configuration_clusterformer import (
@@ -39,7 +41,7 @@ from .configuration_clusterformer import (
 from .data import build_tokenizer, load_multipassage_dataset, squad_features
 from .features import misplaced_answers, postprocess_predictions, prepare_train_features, prepare_validation_features
 from .conversion import check_centroid_memory, check_context_length, load_qa_model
-from .hub import RESULT_FILES, check_output_dir, check_result_files, holds_model, write_checkpoint, writing_model_dir
+from .hub import RESULT_FILES, check_result_files, write_checkpoint
 from .metrics import load_squad_metric
 from .modelcard import run_card_data
 from .modeling_clusterformer import ClusterFormerForQuestionAnswering, locate_question_prefix
@@ -511,17 +513,9 @@ def run(
 
     Returns the metrics dict (train loss/time, eval EM/F1, truncation counts).
     """
-    output_dir = training_args.output_dir
-    if training_args.do_train and not training_args.resume_from_checkpoint:
-        check_output_dir(output_dir, model_args.overwrite, "--overwrite", results=RESULT_FILES)
-        if holds_model(output_dir):  # and --overwrite
-            with writing_model_dir(output_dir, overwrite=True) as staging:
-                training_args.output_dir = str(staging)
-                try:
-                    return _run(model_args, data_args, centroid_args, training_args, callbacks, Path(output_dir).resolve().name)
-                finally:
-                    training_args.output_dir = output_dir
-    return _run(model_args, data_args, centroid_args, training_args, callbacks, Path(output_dir).resolve().name)
+    name = Path(training_args.output_dir).resolve().name
+    with run_output_dir(training_args, model_args.overwrite, check_records=False):  # `main` checks an evaluation's
+        return _run(model_args, data_args, centroid_args, training_args, callbacks, name)
 
 
 def _train_features(raw_train: Any, tokenizer: Any, data_args: Any, model: Any, metrics: dict[str, Any]) -> Any:

@@ -78,6 +78,9 @@ class MlmDataArguments:
     eval_mask_seed: int = field(default=0, metadata={"help": "Seed of the held-out blocks' one masking."})
     initial_centroid_blocks: int = field(default=8, metadata={
         "help": "Fit the centroids on this many training blocks before the first evaluation (0: keep them)."})
+    train_head_only: bool = field(default=False, metadata={
+        "help": "Train only the MLM head's own weights (dense, LayerNorm, bias; the decoder stays tied to the frozen "
+                "word embeddings), the encoder frozen: a start for a checkpoint without an MLM head."})
 
 
 # -- data ---------------------------------------------------------------------------------------------------------
@@ -204,6 +207,17 @@ def fit_initial_centroids(model, blocks: datasets.Dataset, count: int, settings)
     return min(count, len(blocks))
 
 
+def freeze_all_but_head(model: ClusterFormerForMaskedLM) -> list[str]:
+    """Freeze every weight but the MLM head's own (the tied decoder is the word embeddings, so it stays frozen too);
+    returns the names of the weights left to train."""
+    trainable = []
+    for name, parameter in model.named_parameters():  # tied weights are listed once, under the encoder's name
+        parameter.requires_grad = name.startswith("lm_head.")
+        if parameter.requires_grad:
+            trainable.append(name)
+    return trainable
+
+
 # -- evaluation ---------------------------------------------------------------------------------------------------
 
 
@@ -285,6 +299,8 @@ def _run(model_args, data_args, centroid_args, training_args):
         held_out = mask_once(held_out, tokenizer, data_args.mlm_probability, data_args.eval_mask_seed)
 
     metrics: dict[str, float] = {"layer_kinds": ",".join(model.config.layer_kinds)}
+    if data_args.train_head_only:
+        metrics["trained_weights"] = ",".join(freeze_all_but_head(model))
     if train is not None:
         metrics["initial_centroid_blocks"] = fit_initial_centroids(
             model, train, data_args.initial_centroid_blocks, centroid_args.settings())

@@ -30,7 +30,7 @@ def batch():
 
 def test_one_graph_break_where_the_lengths_are_read_back():
     """The number of windows K, the prefix width S - l and the routed chunk count C are sizes that depend on the
-    data (separator positions and padding), so `_locate_inputs` reads the per-example lengths back to the host once
+    data (separator positions and padding), so `locate_rows` reads the per-example lengths back to the host once
     (`Tensor.tolist`, which also validates the batch): the only graph break. Everything after it is one graph.
     Dynamo counts that break once per frame on the stack: the model's forward and `_layout_batch` (and the head's
     forward under the QA head)."""
@@ -41,7 +41,7 @@ def test_one_graph_break_where_the_lengths_are_read_back():
         with torch.no_grad():
             explained = torch._dynamo.explain(model)(ids, attention_mask=mask)
         assert len(explained.break_reasons) == 1, [reason.reason for reason in explained.break_reasons]
-        assert explained.break_reasons[0].user_stack[-1].name == "_locate_inputs"
+        assert explained.break_reasons[0].user_stack[-1].name == "locate_rows"
         assert (explained.graph_break_count, explained.graph_count) == (breaks, breaks + 1)
         torch._dynamo.reset()
 

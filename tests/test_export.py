@@ -1,7 +1,7 @@
-"""Export: one `torch.export` program and one ONNX file, traced at one length, equal to eager at other lengths and
-batch sizes (padding included), and for multiple choice at other choice counts; every head whose weights were never
-trained (added by conversion or drawn at load, through the Auto classes too) is refused without --allow-untrained;
-bad input to `export_model` is one line."""
+"""Export: one `torch.export` program and one ONNX file, traced at one length and run through `load_exported`, equal
+to eager at other lengths and batch sizes (padding included), and for multiple choice at other choice counts; int8
+files close to eager; every head whose weights were never trained (added by conversion or drawn at load, through the
+Auto classes too) is refused without --allow-untrained; bad input to `export_model` and to the runner is one line."""
 
 import pytest
 import torch
@@ -21,8 +21,9 @@ from hf_clusterformer.export import (
     ExportError,
     export_model,
     export_program,
+    load_exported,
     load_for_export,
-    output_names,
+    program_metadata,
     write_program,
 )
 
@@ -49,28 +50,65 @@ def exported(tmp_path_factory):
         router.fitted.fill_(True)
     folder = tmp_path_factory.mktemp("export")
     program = export_program(model, TRACED_LENGTH)  # the same as export_model(..., length=TRACED_LENGTH) writes
-    assert write_program(program, folder / "model.pt2", "torch", output_names(model)).stat().st_size > 0
-    onnx_file = write_program(program, folder / "model.onnx", "onnx", output_names(model))
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    session = ort.InferenceSession(str(onnx_file), options, providers=["CPUExecutionProvider"])
-    return model, program.module(), session
+    files = {name: write_program(program, folder / file, kind, program_metadata(model), quantize=quantize)
+             for name, file, kind, quantize in (("torch", "model.pt2", "torch", None),
+                                                ("onnx", "model.onnx", "onnx", None),
+                                                ("int8", "int8.onnx", "onnx", "int8"))}
+    assert files["int8"].stat().st_size < files["onnx"].stat().st_size
+    return model, {name: load_exported(file) for name, file in files.items()}
 
 
 @pytest.mark.parametrize("rows", BATCHES.values(), ids=BATCHES.keys())
 def test_exported_program_and_onnx_equal_eager_at_other_lengths(exported, rows):
-    model, program, session = exported
+    model, runners = exported
     generator = torch.Generator().manual_seed(len(rows) * 100 + rows[0][1])
     ids, mask = pad_batch([random_example(generator, question, context) for question, context in rows])
     assert ids.shape[1] != TRACED_LENGTH
     with torch.no_grad():
         eager = model(input_ids=ids, attention_mask=mask)
-        start, end = program(ids, mask)
-    onnx_start, onnx_end = session.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})
-    for got in (start, torch.from_numpy(onnx_start)):
-        torch.testing.assert_close(got, eager.start_logits, atol=1e-4, rtol=0)
-    for got in (end, torch.from_numpy(onnx_end)):
-        torch.testing.assert_close(got, eager.end_logits, atol=1e-4, rtol=0)
+    for name in ("torch", "onnx"):
+        outputs = runners[name](ids, mask)
+        assert list(outputs) == ["start_logits", "end_logits"]
+        torch.testing.assert_close(outputs["start_logits"], eager.start_logits, atol=1e-4, rtol=0)
+        torch.testing.assert_close(outputs["end_logits"], eager.end_logits, atol=1e-4, rtol=0)
+    # int8 weights: close to the model, not equal (the products round the weights to 1/127 of their range)
+    quantized = runners["int8"](ids.numpy(), mask.numpy())["start_logits"]  # numpy arrays are taken too
+    difference = (quantized - eager.start_logits).abs().max()
+    assert 0 < difference < 0.05, difference
+
+
+def test_the_runner_checks_every_batch_in_one_line(exported):
+    """What the model itself refuses, the runner refuses before the program runs: in one line, naming the input."""
+    model, runners = exported
+    runner = runners["onnx"]
+    generator = torch.Generator().manual_seed(7)
+    ids, mask = pad_batch([random_example(generator, 3, 20), random_example(generator, 2, 9)])
+    limit, sep = model.config.max_question_length, model.config.separator_token_id
+    too_long = torch.tensor([random_example(generator, limit + 2, 5)])
+    mixed, unknown = mask.clone(), ids.clone()
+    mixed[0, 3] = 0
+    unknown[0, 8] = model.config.vocab_size
+    cases = [
+        ((ids[0], mask[0]), "must be \\(batch, length\\)"),
+        ((ids.float(), mask), "integer token ids"),
+        ((ids, mask[:, :-1]), "attention_mask must be integers of input_ids' shape"),
+        ((ids, mask.float()), "attention_mask must be integers"),
+        ((ids, mixed), "mixes padding"),
+        ((ids.masked_fill(ids == sep, 5), mask), "no separator"),
+        ((unknown, mask), "outside the vocabulary"),
+        ((too_long, None), f"has {limit + 2} tokens, more than max_question_length"),
+        (("not ids", None), "input_ids must be"),
+        ((ids[:0], mask[:0]), "empty"),
+    ]
+    for (bad_ids, bad_mask), expected in cases:
+        with pytest.raises(ExportError, match=expected) as error:
+            runner(bad_ids, bad_mask)
+        assert "\n" not in str(error.value), error.value
+    with pytest.raises(ExportError, match="not a file"):
+        load_exported(runner.path.parent / "missing.onnx")
+    (runner.path.parent / "other.onnx").write_bytes(b"not onnx")
+    with pytest.raises(ExportError, match="not an ONNX file"):
+        load_exported(runner.path.parent / "other.onnx")
 
 
 #: (batch, choices) of the multiple-choice batches; the program is traced with 2 choices.
@@ -84,16 +122,15 @@ def exported_choices(tmp_path_factory):
     for router in model.cluster_routers().values():
         router.fitted.fill_(True)
     program = export_program(model, TRACED_LENGTH)
-    onnx_file = write_program(program, tmp_path_factory.mktemp("choices") / "choices.onnx", "onnx", output_names(model))
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    return model, program.module(), ort.InferenceSession(str(onnx_file), options, providers=["CPUExecutionProvider"])
+    folder = tmp_path_factory.mktemp("choices")
+    return model, *(load_exported(write_program(program, folder / name, kind, program_metadata(model)))
+                    for name, kind in (("choices.pt2", "torch"), ("choices.onnx", "onnx")))
 
 
 @pytest.mark.parametrize("shape", CHOICES.values(), ids=CHOICES.keys())
 def test_multiple_choice_exports_take_any_choice_count_and_length(exported_choices, shape):
     """(B, C, T) inputs of any B, C and T: every choice a pair encoding of its own question length, padded."""
-    model, program, session = exported_choices
+    model, program, onnx_program = exported_choices
     batch, choices = shape
     generator = torch.Generator().manual_seed(batch * 10 + choices)
     ids, mask = pad_batch([random_example(generator, 1 + row % 6, 4 + 9 * row) for row in range(batch * choices)])
@@ -101,11 +138,9 @@ def test_multiple_choice_exports_take_any_choice_count_and_length(exported_choic
     assert ids.shape[-1] != TRACED_LENGTH
     with torch.no_grad():
         eager = model(input_ids=ids, attention_mask=mask).logits
-        (logits,) = program(ids, mask)
-    (onnx_logits,) = session.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})
     assert eager.shape == (batch, choices)
-    torch.testing.assert_close(logits, eager, atol=1e-4, rtol=0)
-    torch.testing.assert_close(torch.from_numpy(onnx_logits), eager, atol=1e-4, rtol=0)
+    torch.testing.assert_close(program(ids, mask)["logits"], eager, atol=1e-4, rtol=0)
+    torch.testing.assert_close(onnx_program(ids, mask)["logits"], eager, atol=1e-4, rtol=0)
 
 
 def test_every_head_drawn_at_load_and_saved_through_the_auto_classes_is_refused(tmp_path, capsys):
@@ -140,8 +175,7 @@ def test_every_head_drawn_at_load_and_saved_through_the_auto_classes_is_refused(
     out = tmp_path / "choices.pt2"
     assert main(["export", str(tmp_path / "ClusterFormerForMultipleChoice"), str(out), "--allow-untrained"]) == 0
     ids, mask = pad_batch([random_example(torch.Generator().manual_seed(4), 3, 20 + row) for row in range(6)])
-    (logits,) = torch.export.load(str(out)).module()(ids.view(2, 3, -1), mask.view(2, 3, -1))
-    assert logits.shape == (2, 3)
+    assert load_exported(out)(ids.view(2, 3, -1), mask.view(2, 3, -1))["logits"].shape == (2, 3)
 
 
 def test_left_padding_and_another_head(tmp_path):
@@ -153,13 +187,14 @@ def test_left_padding_and_another_head(tmp_path):
         router.fitted.fill_(True)
     model.save_pretrained(tmp_path / "cls")
     assert main(["export", str(tmp_path / "cls"), str(tmp_path / "cls.pt2"), "--format", "torch"]) == 0
-    assert (tmp_path / "cls.pt2").stat().st_size > 0
-    program = export_program(model).module()
+    program = load_exported(tmp_path / "cls.pt2")
+    assert (program.format, program.architecture, program.output_names) == \
+        ("torch", "ClusterFormerForSequenceClassification", ["logits"])
     generator = torch.Generator().manual_seed(3)
     ids, mask = pad_batch([random_example(generator, 4, 30), random_example(generator, 2, 7)])
     ids, mask = ids.flip(1), mask.flip(1)  # left padding (the rows reversed: still pair encodings of random tokens)
     with torch.no_grad():
-        torch.testing.assert_close(program(ids, mask)[0], model(input_ids=ids, attention_mask=mask).logits,
+        torch.testing.assert_close(program(ids, mask)["logits"], model(input_ids=ids, attention_mask=mask).logits,
                                    atol=1e-4, rtol=0)
 
 

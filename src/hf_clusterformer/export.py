@@ -1,34 +1,44 @@
-"""Deployment: `torch.export` and ONNX programs of a Cluster-Former model with a dynamic batch and sequence length.
+"""Deployment: ONNX and `torch.export` programs of a Cluster-Former model with a dynamic batch and sequence length,
+and the runner that checks a batch and runs them.
 
-``export_model(model, out, format="onnx")`` writes an ONNX file (the dynamo exporter) that onnxruntime runs;
-``format="torch"`` writes a `torch.export` program (``.pt2``, load it with `torch.export.load`). Both take
-``input_ids`` and ``attention_mask`` (B, T) of any B and T, padded on either side (multiple choice: (B, C, T) of any
-C too), and give the head's logits (QA: ``start_logits``, ``end_logits`` and ``answerable_logits`` when the model has
-that head; the sequence, token-classification and masked-LM heads: ``logits``; multiple choice: (B, C) ``logits``;
-the base model: ``last_hidden_state``, ``pooler_output``). A head whose weights were never trained (recorded when it
-was added: `hf_clusterformer.pipeline.untrained_weights`) is refused unless ``allow_untrained``.
+``export_model(model, out)`` writes an ONNX file (the dynamo exporter, graph optimised once by onnxruntime; with
+``quantize="int8"`` its matrix products take int8 weights) or, for a ``.pt2`` name, a `torch.export` program.
+``load_exported(out)`` gives an `ExportedModel`: call it with ``input_ids`` and ``attention_mask`` (B, T) of any B
+and T, padded on either side (multiple choice: (B, C, T) of any C too), as the tokenizer gives them; it checks them
+(one line per fault, `ExportError`) and returns the head's outputs by name (QA: ``start_logits``, ``end_logits`` and
+``answerable_logits`` when the model has that head; the sequence, token-classification and masked-LM heads:
+``logits``; multiple choice: (B, C) ``logits``; the base model: ``last_hidden_state``, ``pooler_output``). A head
+whose weights were never trained (recorded when it was added: `hf_clusterformer.pipeline.untrained_weights`) is
+refused unless ``allow_untrained``.
 
-The model's per-batch sizes (window count, prefix width, routed chunks) depend on the data, which eager code reads
-back once per forward. The exported head (`ExportedHead`) passes them instead as upper bounds from the input length
-(`hf_clusterformer.modeling_clusterformer.BatchSizes.for_export`), the windows and chunks past a batch's own being
-empty, and routed states sort by the unique key id * L + position (ONNX has no stable sort): outputs equal eager ones
-at every length, while eager code is unchanged. The centroids are buffers, so they are part of the exported weights. The
-exported program does not check its inputs (question and context limits, token ids): pass what the tokenizer gives.
+The layout of a batch (window count, prefix width, routed chunks) depends on where its questions end, which eager
+code reads back once per forward. An exported program takes it instead from the *lengths* of two size inputs,
+``num_windows`` (K,) and ``prefix_width`` (S - l,), whose values are ignored (`program_inputs` makes them from a
+batch); the routed chunk count follows from them (`BatchSizes.for_program`), and routed states sort by the unique
+key id * L + position (ONNX has no stable sort). So the program runs the batch's own windows, as eager code does, and
+its outputs equal eager ones at every length. The file holds the model's configuration, so the runner needs nothing
+else; the centroids are buffers, so they are part of the exported weights.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import tempfile
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from hf_clusterformer_cli_support import convert_command
 from hf_clusterformer_files import holds_model, owned_by_model
 
+from .configuration_clusterformer import ClusterFormerConfig
 from .modeling_clusterformer import (
+    MIN_PROGRAM_WINDOWS,
     BatchSizes,
     ClusterFormerForMaskedLM,
     ClusterFormerForMultipleChoice,
@@ -37,17 +47,29 @@ from .modeling_clusterformer import (
     ClusterFormerForTokenClassification,
     ClusterFormerModel,
     ClusterFormerPreTrainedModel,
+    check_input_tensors,
+    locate_rows,
 )
 from .pipeline import check_checkpoint_source, untrained_weights
 
-__all__ = ["EXPORT_CLASSES", "FORMATS", "FORMAT_SUFFIXES", "ExportError", "ExportedHead", "export_format", "export_model",
-           "export_program",
-           "example_inputs", "load_for_export", "output_names", "write_program"]
+__all__ = ["EXPORT_CLASSES", "FORMATS", "FORMAT_SUFFIXES", "INPUT_NAMES", "QUANTIZATIONS", "ExportError",
+           "ExportedHead", "ExportedModel", "export_format", "export_model", "export_program", "example_inputs",
+           "load_exported", "load_for_export", "output_names", "program_inputs", "write_program"]
 
 #: What `export_model` writes: an ONNX file, or a `torch.export` program.
 FORMATS = ("onnx", "torch")
 #: The file suffix of each format (the format of a file named without one is taken from it).
 FORMAT_SUFFIXES = {"onnx": ".onnx", "torch": ".pt2"}
+#: Weight quantisations of an ONNX export (onnxruntime's dynamic quantisation of the matrix products).
+QUANTIZATIONS = ("int8",)
+#: The exported program's inputs: the batch, then the two size inputs (`program_inputs`).
+INPUT_NAMES = ("input_ids", "attention_mask", "num_windows", "prefix_width")
+#: Where an exported file keeps what `load_exported` needs (ONNX metadata key; file inside a ``.pt2`` archive).
+METADATA_KEY = "clusterformer"
+ONNX_OPSET = 23  # scaled_dot_product_attention becomes one Attention node
+#: onnxruntime fusions left off when a file is run: on this graph its fused skip-LayerNorm and bias-GELU kernels took
+#: longer than the ops they replace (MiniLM, 2k tokens, 1 thread: 0.871 s with them, 0.808 s without).
+UNFUSED = ["SkipLayerNormFusion", "BiasGeluFusion"]
 
 #: The classes that export (multiple choice with (B, C, T) inputs).
 EXPORT_CLASSES = {cls.__name__: cls for cls in (
@@ -57,7 +79,8 @@ EXPORT_CLASSES = {cls.__name__: cls for cls in (
 
 
 class ExportError(ValueError):
-    """Bad input to `export_model` or `load_for_export`, in one line naming the input and the fix."""
+    """Bad input to `export_model`, `load_for_export`, `load_exported` or an `ExportedModel`, in one line naming the
+    input and the fix."""
 
 
 def output_names(model: ClusterFormerPreTrainedModel) -> list[str]:
@@ -70,20 +93,50 @@ def output_names(model: ClusterFormerPreTrainedModel) -> list[str]:
 
 
 class ExportedHead(nn.Module):
-    """The model as ``(input_ids, attention_mask) -> tuple of tensors`` (`output_names`), what is exported; the inputs
-    are (B, T), or (B, C, T) for multiple choice."""
+    """The model as ``(input_ids, attention_mask, num_windows, prefix_width) -> tuple of tensors`` (`output_names`),
+    what is exported; the batch is (B, T), or (B, C, T) for multiple choice; the size inputs (K,) and (S - l,)."""
 
     def __init__(self, model: ClusterFormerPreTrainedModel):
         super().__init__()
         self.model = model
         self.names = output_names(model)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """(B, T) ids and mask ((B, C, T) for multiple choice) -> the head's outputs, laid out with the bounds of
-        `BatchSizes.for_export` (nothing read back, so the program has no data-dependent sizes)."""
-        sizes = BatchSizes.for_export(self.model.config, input_ids.shape[-1])  # every row (choice) has T tokens
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_windows: torch.Tensor,
+        prefix_width: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        """The head's outputs, laid out with K = ``len(num_windows)`` windows of prefix width ``len(prefix_width)``
+        (`BatchSizes.for_program`: nothing read back, so the program has no data-dependent sizes)."""
+        sizes = BatchSizes.for_program(self.model.config, num_windows.shape[0], prefix_width.shape[0])
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, batch_sizes=sizes, return_dict=True)
         return tuple(outputs[name] for name in self.names)
+
+
+def program_inputs(
+    config: ClusterFormerConfig, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+    input_format: str = "pair",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Check a batch as the model does (`locate_rows`: one line per fault) and give the exported program's inputs.
+
+    Args:
+        config: the exported model's configuration.
+        input_ids: (B, T) token ids, or (B, C, T) for multiple choice; attention_mask: the same shape (default: the
+            non-padding ids).
+        input_format: how the rows are read (the head's ``input_format``).
+
+    Returns:
+        ``input_ids``, ``attention_mask`` (long), and the size inputs: (K,) and (S - l,) zeros, whose lengths are the
+        batch's window count (at least `MIN_PROGRAM_WINDOWS`) and question prefix width.
+    """
+    if attention_mask is None:
+        attention_mask = input_ids.ne(config.pad_token_id).long()
+    rows = input_ids.reshape(-1, input_ids.shape[-1]) if input_ids.dim() == 3 else input_ids  # choices are rows
+    mask_rows = attention_mask.reshape(-1, attention_mask.shape[-1]) if attention_mask.dim() == 3 else attention_mask
+    check_input_tensors(rows, None)
+    prefixes, totals, *_ = locate_rows(config, rows.long(), mask_rows, input_format=input_format)
+    windows, prefix = BatchSizes.of_rows(config, prefixes, totals).program_inputs()
+    return (input_ids.long(), attention_mask.long(), torch.zeros(windows, dtype=torch.long),
+            torch.zeros(prefix, dtype=torch.long))
 
 
 def example_inputs(
@@ -92,19 +145,20 @@ def example_inputs(
     """A right-padded batch of pair encodings ``<s> Q </s></s> C </s>`` to trace with: (B, T) ids and mask, or
     (B, C, T) with ``choices``.
 
-    The sizes are symbolic in the exported program, so any values do; the default length spans two windows.
+    The sizes are symbolic in the exported program, so any values do; the default length spans
+    `MIN_PROGRAM_WINDOWS` windows.
     """
     if choices is not None:
         ids, mask = example_inputs(config, length, batch * choices)
         return ids.view(batch, choices, -1), mask.view(batch, choices, -1)
-    length = length or config.window_size + config.window_stride + 8
+    length = length or config.window_size + (MIN_PROGRAM_WINDOWS - 1) * config.window_stride + 8
     special = {config.bos_token_id, config.pad_token_id, config.separator_token_id, config.eos_token_id}
     filler = next(token for token in range(config.vocab_size) if token not in special)
     ids = torch.full((batch, length), config.pad_token_id, dtype=torch.long)
     mask = torch.zeros(batch, length, dtype=torch.long)
     for row in range(batch):
         real = length - 3 * row if length - 3 * row >= 7 else length
-        question = min(3, config.max_question_length)
+        question = min(3 + row, config.max_question_length)
         tokens = [config.bos_token_id, *[filler] * question, config.separator_token_id, config.separator_token_id]
         tokens += [filler] * (real - len(tokens) - 1) + [config.separator_token_id]
         ids[row, :real] = torch.tensor(tokens[:real])
@@ -113,22 +167,31 @@ def example_inputs(
 
 
 def export_program(model: ClusterFormerPreTrainedModel, length: int | None = None) -> torch.export.ExportedProgram:
-    """`torch.export` of ``model`` (in eval mode) with dynamic batch and length dimensions, traced at ``length``."""
+    """`torch.export` of ``model`` (in eval mode) with dynamic batch, length and size inputs, traced at ``length``."""
     if not isinstance(model, tuple(EXPORT_CLASSES.values())):
         raise ExportError(f"cannot export a {type(model).__name__}; export one of {', '.join(EXPORT_CLASSES)}.")
     model.eval()
-    batch, tokens = torch.export.Dim("batch", min=1), torch.export.Dim("length", min=2)
+    Dim = torch.export.Dim
+    batch, tokens = Dim("batch", min=1), Dim("length", min=2)
     if isinstance(model, ClusterFormerForMultipleChoice):
         ids, mask = example_inputs(model.config, length, choices=2)
-        dims = {0: batch, 1: torch.export.Dim("choices", min=1), 2: tokens}
+        dims = {0: batch, 1: Dim("choices", min=1), 2: tokens}
     else:
         ids, mask = example_inputs(model.config, length)
         dims = {0: batch, 1: tokens}
+    inputs = program_inputs(model.config, ids, mask, model.input_format)
+    sizes = {"num_windows": {0: Dim("num_windows", min=MIN_PROGRAM_WINDOWS)}, "prefix_width": {0: Dim("prefix_width")}}
     with torch.no_grad():
         return torch.export.export(
-            ExportedHead(model), (ids, mask), dynamic_shapes={"input_ids": dims, "attention_mask": dims},
+            ExportedHead(model), inputs, dynamic_shapes={"input_ids": dims, "attention_mask": dims, **sizes},
             strict=False, prefer_deferred_runtime_asserts_over_guards=True,
         )
+
+
+def program_metadata(model: ClusterFormerPreTrainedModel) -> dict[str, Any]:
+    """What `load_exported` needs beside the program: the configuration, the head's input format and outputs."""
+    return {"config": model.config.to_dict(), "architecture": type(model).__name__,
+            "input_format": model.input_format, "outputs": output_names(model)}
 
 
 def load_for_export(path: str | os.PathLike) -> ClusterFormerPreTrainedModel:
@@ -167,24 +230,33 @@ def export_model(
     allow_untrained: bool = False,
     length: int | None = None,
     overwrite: bool = False,
+    quantize: str | None = None,
 ) -> Path:
-    """Export ``model`` (a model, or a checkpoint directory or Hub id) to ``out``: an ONNX file or a ``.pt2`` program.
+    """Export ``model`` (a model, or a checkpoint directory or Hub id) to ``out``: an ONNX file or a ``.pt2`` program
+    (run either with `load_exported`).
 
     Args:
         model: a Cluster-Former model (QA, masked LM, sequence or token classification, multiple choice, or the base
             model) or where to load one from (`load_for_export`).
         out: the file to write.
-        format: ``"onnx"`` (the dynamo exporter; run it with onnxruntime) or ``"torch"`` (`torch.export.save`);
-            default: by the suffix of ``out`` (``.onnx``, ``.pt2``; ONNX for any other), which must agree with it.
+        format: ``"onnx"`` (the dynamo exporter; graph optimised by onnxruntime) or ``"torch"``
+            (`torch.export.save`); default: by the suffix of ``out`` (``.onnx``, ``.pt2``; ONNX for any other),
+            which must agree with it.
         allow_untrained: export a head whose weights were never trained (their outputs are random).
         length: the input length to trace at (any; the program takes every length).
         overwrite: replace an existing ``out``.
+        quantize: ``"int8"``: an ONNX file whose matrix products take int8 weights (onnxruntime's dynamic
+            quantisation; smaller and faster on CPU, outputs close to but not equal to the model's).
 
     Returns:
         The path written. Raises `ExportError` (one line) on bad input.
     """
     out = Path(out)
     format = export_format(out, format)
+    if quantize is not None and quantize not in QUANTIZATIONS:
+        raise ExportError(f"unknown quantization {quantize!r}; use one of {', '.join(QUANTIZATIONS)}.")
+    if quantize is not None and format != "onnx":
+        raise ExportError(f"--quantize {quantize} makes ONNX files; name the file {out.with_suffix('.onnx').name}.")
     if out.is_dir():
         raise ExportError(f"{out} is a folder; give the file to write, e.g. {out / ('model' + FORMAT_SUFFIXES[format])}.")
     if holds_model(out.parent) and owned_by_model(out.name):
@@ -193,7 +265,7 @@ def export_model(
     if out.exists() and not overwrite:
         raise ExportError(f"{out} exists; pass overwrite=True (--overwrite) to replace it.")
     if format == "onnx":
-        missing = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
+        missing = [name for name in ("onnx", "onnxscript", "onnxruntime") if importlib.util.find_spec(name) is None]
         if missing:
             raise ExportError(f"ONNX export needs {' and '.join(missing)}; install the onnx extra: "
                               "pip install 'hf-clusterformer[onnx]' (or --format torch).")
@@ -203,7 +275,7 @@ def export_model(
     if untrained and not allow_untrained:
         raise ExportError(f"the model's {', '.join(untrained)} were never trained, so its outputs are random; train it "
                           "first, or pass allow_untrained=True (--allow-untrained) to export it anyway.")
-    return write_program(export_program(model, length), out, format, output_names(model))
+    return write_program(export_program(model, length), out, format, program_metadata(model), quantize=quantize)
 
 
 def export_format(out: str | os.PathLike, format: str | None = None) -> str:
@@ -222,16 +294,176 @@ def export_format(out: str | os.PathLike, format: str | None = None) -> str:
 
 
 def write_program(
-    program: torch.export.ExportedProgram, out: str | os.PathLike, format: str, names: list[str]
+    program: torch.export.ExportedProgram, out: str | os.PathLike, format: str, metadata: dict[str, Any],
+    quantize: str | None = None,
 ) -> Path:
-    """Write a program from `export_program` as a ``.pt2`` file (``format="torch"``) or an ONNX file whose outputs
-    are called ``names`` (`output_names` of the model)."""
+    """Write a program from `export_program` with its `program_metadata`: a ``.pt2`` file (``format="torch"``) or an
+    ONNX file, its graph optimised once by onnxruntime (constants folded: the weights stored as the products read
+    them) and with ``quantize="int8"`` its matrix products' weights in int8. The file appears whole or not at all."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    if format == "torch":
-        torch.export.save(program, str(out))
-        return out
-    onnx_program = torch.onnx.export(program, input_names=["input_ids", "attention_mask"], output_names=names,
-                                     dynamo=True, optimize=False, verbose=False)
-    onnx_program.save(str(out))
+    partial = out.with_name(f"{out.stem}.partial{out.suffix}")  # torch.export wants the .pt2 suffix
+    try:
+        if format == "torch":
+            torch.export.save(program, str(partial), extra_files={METADATA_KEY: json.dumps(metadata)})
+        else:
+            _write_onnx(program, partial, metadata, quantize)
+        os.replace(partial, out)
+    finally:
+        partial.unlink(missing_ok=True)
     return out
+
+
+def _write_onnx(program: torch.export.ExportedProgram, out: Path, metadata: dict[str, Any], quantize: str | None) -> None:
+    """The ONNX file of `write_program`: export, optimise (onnxruntime's basic level, saved), quantise, label."""
+    import onnx
+    import onnxruntime
+
+    with tempfile.TemporaryDirectory() as folder:
+        exported, optimized = Path(folder) / "exported.onnx", Path(folder) / "optimized.onnx"
+        torch.onnx.export(program, input_names=list(INPUT_NAMES), output_names=metadata["outputs"], dynamo=True,
+                          optimize=False, opset_version=ONNX_OPSET, verbose=False).save(str(exported))
+        options = onnxruntime.SessionOptions()
+        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        options.optimized_model_filepath = str(optimized)
+        options.log_severity_level = 3
+        onnxruntime.InferenceSession(str(exported), options, providers=["CPUExecutionProvider"])
+        if quantize == "int8":
+            from onnxruntime.quantization import QuantType, quantize_dynamic
+
+            quantized = Path(folder) / "quantized.onnx"
+            quantize_dynamic(optimized, quantized, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"])
+            optimized = quantized
+        graph = onnx.load(str(optimized))
+        onnx.helper.set_model_props(graph, {METADATA_KEY: json.dumps({**metadata, "quantize": quantize})})
+        onnx.save(graph, str(out))
+
+
+# -- running an exported file -------------------------------------------------------------------------------------
+
+
+class ExportedModel:
+    """An exported file ready to run: ``model(input_ids, attention_mask)`` checks the batch as the model does (one
+    line per fault, `ExportError`), adds its size inputs (`program_inputs`) and returns the head's outputs by name
+    as torch tensors.
+
+    Attributes:
+        config: the exported model's `ClusterFormerConfig`; architecture: its class name; input_format: how rows are
+        read; output_names: the outputs, in order; format: ``"onnx"`` or ``"torch"``; quantize: None or ``"int8"``.
+    """
+
+    def __init__(self, path: Path, format: str, metadata: dict[str, Any], run):
+        self.path, self.format, self._run = path, format, run
+        self.config = ClusterFormerConfig.from_dict(metadata["config"])
+        self.architecture = metadata["architecture"]
+        self.input_format = metadata["input_format"]
+        self.output_names = list(metadata["outputs"])
+        self.quantize = metadata.get("quantize")
+
+    def __repr__(self) -> str:
+        return f"ExportedModel({str(self.path)!r}, {self.architecture}, {self.format}{', int8' if self.quantize else ''})"
+
+    def __call__(self, input_ids, attention_mask=None) -> dict[str, torch.Tensor]:
+        """(B, T) ids and mask ((B, C, T) for multiple choice; tensors, arrays or nested lists) -> outputs by name."""
+        inputs = self.check(input_ids, attention_mask)
+        return dict(zip(self.output_names, self._run(inputs)))
+
+    def check(self, input_ids, attention_mask=None) -> tuple[torch.Tensor, ...]:
+        """The program's inputs for a batch (`program_inputs`), or `ExportError` naming what is wrong and the fix."""
+        ids = _as_tensor(input_ids, "input_ids")
+        mask = None if attention_mask is None else _as_tensor(attention_mask, "attention_mask")
+        dims = 3 if self.architecture == ClusterFormerForMultipleChoice.__name__ else 2
+        shape = "(batch, choices, length)" if dims == 3 else "(batch, length)"
+        if ids.dim() != dims:
+            raise ExportError(f"input_ids must be {shape} for this {self.architecture}, got shape {tuple(ids.shape)}; "
+                              "pass the tokenizer's batch (return_tensors='np' or 'pt').")
+        if ids.numel() == 0:
+            raise ExportError(f"input_ids is empty (shape {tuple(ids.shape)}); give at least one row of tokens.")
+        if mask is not None and (mask.is_floating_point() or mask.shape != ids.shape):
+            raise ExportError(f"attention_mask must be integers of input_ids' shape {tuple(ids.shape)}, got "
+                              f"{mask.dtype} {tuple(mask.shape)}; pass the attention_mask the tokenizer returned.")
+        try:
+            return program_inputs(self.config, ids, mask, self.input_format)
+        except (ValueError, TypeError) as error:
+            raise ExportError(" ".join(str(error).split())) from None
+
+
+def _as_tensor(value, name: str) -> torch.Tensor:
+    """A torch tensor of a tensor, array or nested list, or `ExportError`."""
+    if isinstance(value, torch.Tensor):
+        return value
+    try:
+        return torch.as_tensor(np.asarray(value))
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise ExportError(f"{name} must be a tensor, array or list of token ids, got {type(value).__name__} "
+                          f"({' '.join(str(error).split())}).") from None
+
+
+def load_exported(path: str | os.PathLike, threads: int | None = None) -> ExportedModel:
+    """An exported file (from `export_model` or ``clusterformer export``) ready to run on the CPU (`ExportedModel`).
+
+    Args:
+        path: an ONNX file (run with onnxruntime) or a ``.pt2`` program (`torch.export.load`).
+        threads: CPU threads for onnxruntime (default: its own choice); torch programs use torch's setting.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ExportError(f"{path} is not a file; give the file that `clusterformer export` wrote.")
+    with open(path, "rb") as file:
+        is_zip = file.read(4) == b"PK\x03\x04"
+    return _load_torch(path) if is_zip else _load_onnx(path, threads)
+
+
+def _load_torch(path: Path) -> ExportedModel:
+    """The ``.pt2`` half of `load_exported`."""
+    extra = {METADATA_KEY: ""}
+    try:
+        program = torch.export.load(str(path), extra_files=extra)
+    except (RuntimeError, ValueError, KeyError) as error:
+        raise ExportError(f"{path} is not a torch.export program ({' '.join(str(error).split())[:200]}).") from None
+    metadata = _read_metadata(extra[METADATA_KEY], path)
+    module = program.module()
+
+    def run(inputs):
+        with torch.no_grad():
+            return module(*inputs)
+
+    return ExportedModel(path, "torch", metadata, run)
+
+
+def _load_onnx(path: Path, threads: int | None) -> ExportedModel:
+    """The ONNX half of `load_exported`."""
+    try:
+        import onnxruntime
+    except ImportError:
+        raise ExportError("running an ONNX file needs onnxruntime; install the onnx extra: "
+                          "pip install 'hf-clusterformer[onnx]'.") from None
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3
+    if threads:
+        options.intra_op_num_threads = threads
+    try:
+        session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"],
+                                               disabled_optimizers=UNFUSED)
+    except Exception as error:  # onnxruntime raises its own exception types for files it cannot read
+        raise ExportError(f"{path} is not an ONNX file onnxruntime can run ({' '.join(str(error).split())[:200]}).") \
+            from None
+    metadata = _read_metadata(session.get_modelmeta().custom_metadata_map.get(METADATA_KEY, ""), path)
+
+    def run(inputs):
+        feeds = {name: value.numpy() for name, value in zip(INPUT_NAMES, inputs)}
+        return [torch.from_numpy(output) for output in session.run(metadata["outputs"], feeds)]
+
+    return ExportedModel(path, "onnx", metadata, run)
+
+
+def _read_metadata(text: str, path: Path) -> dict[str, Any]:
+    """The `program_metadata` an exported file holds, or `ExportError` for a file from elsewhere."""
+    try:
+        metadata = json.loads(text)
+        if not isinstance(metadata, dict) or not {"config", "architecture", "input_format", "outputs"} <= set(metadata):
+            raise ValueError
+    except ValueError:
+        raise ExportError(f"{path} holds no Cluster-Former export record; export the model again with this version "
+                          "(`clusterformer export MODEL_DIR OUT`).") from None
+    return metadata

@@ -114,21 +114,8 @@ def count_routed_chunks(
     return math.ceil(most / window_stride)
 
 
-def export_sizes(config: ClusterFormerConfig, length) -> tuple:
-    """Window count K, prefix width S - l and routed chunk count C for an input of ``length`` tokens (an int or a
-    symbolic size), without reading lengths back: what `torch.export` traces instead of the per-batch sizes.
-
-    Upper bounds over every batch of that length: a prefix holds at most ``max_question_length`` + 3 tokens and a
-    context at most ``length - 1``, so at most ``1 + ceil((length - 1) / m)`` windows, and one more (K >= 3 for any
-    length, so the traced program has no special case for one or two windows); every routed chunk runs,
-    ``ceil(S / m)`` per window (``C = K ceil(S / m)``, so that C m >= K S and both are multiples of K, which keeps
-    the traced sizes free of ceilings). The windows, slots and chunks past a batch's own sizes are empty (masked),
-    so outputs equal those of the exact sizes.
-    """
-    stride, size = config.window_stride, config.window_size
-    prefix_width = config.max_question_length + QUESTION_PREFIX_SPECIAL_TOKENS
-    num_windows = (length + 3 * stride - 2) // stride
-    return num_windows, prefix_width, num_windows * -(-(prefix_width + size) // stride)
+#: The fewest windows an exported program lays out (its trace has no special case for one or two windows).
+MIN_PROGRAM_WINDOWS = 3
 
 
 @dataclass(frozen=True)
@@ -136,10 +123,10 @@ class BatchSizes:
     """The sizes a forward pass lays its batch out with: K windows, the prefix width S - l and C routed chunks per
     example.
 
-    Eager forwards fill them from the batch (`count_windows`, `count_routed_chunks`). With ``bounds`` they are upper
-    bounds for any batch of the input's length (`export_sizes`, what `torch.export` traces): then nothing is read
-    back or checked, every routed chunk runs and routed slots sort by the unique key id * L + position (ONNX has no
-    stable sort); the windows and chunks past a batch's own are empty, so outputs are the same.
+    Eager forwards fill them from the batch (`of_rows`). An exported program gets K and S - l from the shapes of its
+    size inputs and runs them with ``bounds`` (`for_program`): then nothing is read back or checked, every routed
+    slot gets a chunk (C m > K S) and routed slots sort by the unique key id * L + position (ONNX has no stable
+    sort); the extra windows and chunks are empty, so outputs are the same.
     """
 
     num_windows: int
@@ -148,9 +135,26 @@ class BatchSizes:
     bounds: bool = False
 
     @classmethod
-    def for_export(cls, config: ClusterFormerConfig, length) -> BatchSizes:
-        """Upper bounds for an input of ``length`` tokens (an int or a symbolic size): see `export_sizes`."""
-        return cls(*export_sizes(config, length), bounds=True)
+    def of_rows(cls, config: ClusterFormerConfig, prefixes: list[int], totals: list[int]) -> BatchSizes:
+        """The batch's own sizes from its per-example question prefix and real lengths (`locate_rows`)."""
+        size, stride = config.window_size, config.window_stride
+        return cls(
+            num_windows=max(count_windows(t - p, size, stride) for p, t in zip(prefixes, totals)),
+            prefix_width=max(prefixes),
+            routed_chunks=count_routed_chunks(prefixes, totals, size, stride, config.chunk_question_prefix),
+        )
+
+    @classmethod
+    def for_program(cls, config: ClusterFormerConfig, num_windows, prefix_width) -> BatchSizes:
+        """What an exported program runs for K windows of prefix width S - l (ints or symbolic sizes): C = floor(K S
+        / m) + 1 routed chunks, so every slot of the K S has one (C m > K S); at least as many as the batch's own."""
+        slots = num_windows * (prefix_width + config.window_size)
+        return cls(num_windows, prefix_width, slots // config.window_stride + 1, bounds=True)
+
+    def program_inputs(self) -> tuple[int, int]:
+        """The window count and prefix width an exported program is given (at least `MIN_PROGRAM_WINDOWS` windows;
+        the windows past the batch's own are empty)."""
+        return max(self.num_windows, MIN_PROGRAM_WINDOWS), self.prefix_width
 
 
 @dataclass
@@ -426,7 +430,7 @@ def sort_into_chunks(
     they are invalid, so attention never lets them reach a valid slot, and `unsort_from_chunks` drops them.
     """
     batch, length, hidden = states.shape
-    if bounded:  # `export_sizes`: C m >= L, both multiples of K
+    if bounded:  # `BatchSizes.for_program`: C m > L
         total_chunks = num_chunks
     else:
         total_chunks = max(1, -(-length // chunk_size))  # integer ceil: exportable sizes
@@ -460,7 +464,7 @@ def unsort_from_chunks(
     batch, kept = order.shape
     hidden = chunks.shape[-1]
     flat = chunks.reshape(batch, kept, hidden)
-    if bounded and kept >= length:  # `export_sizes`: every chunk kept, C m >= L
+    if bounded and kept >= length:  # `BatchSizes.for_program`: every chunk kept, C m > L
         padded = kept
     else:
         padded = max(kept, -(-length // max(1, chunks.shape[1])) * chunks.shape[1])
@@ -1095,6 +1099,148 @@ class ClusterFormerPreTrainedModel(RobertaPreTrainedModel):
                 if isinstance(getattr(layer, "router", None), ClusterRouter)}
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# The input contract: where every row's question prefix and context lie, checked in one line per fault
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def locate_rows(
+    config: ClusterFormerConfig,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    question_lengths: torch.Tensor | list[int] | None = None,
+    input_format: str = "pair",
+    read_back: bool = True,
+    is_separator: torch.Tensor | None = None,
+) -> tuple[list[int] | None, list[int] | None, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Validate a batch and locate every example in it (what every forward pass and the exported runner do first).
+
+    Args:
+        config: the model's configuration (special token ids, limits).
+        input_ids: (B, T) token ids (for embeddings: any (B, T) tensor, with ``is_separator`` given).
+        attention_mask: optional (B, T); one block of ones per row (right or left padding).
+        question_lengths: optional (B,) question prefix lengths (then every row is a pair).
+        input_format: one of `INPUT_FORMATS`; single-text rows (`single_text_rows`) get the prefix ``<s>``.
+        read_back: read the lengths back and check the rows; without it (export, `BatchSizes.bounds`) the ints are
+            None and nothing is checked.
+        is_separator: optional (B, T) bool, where the separators are (default: ``input_ids == separator id``, and
+            the ids are checked against the vocabulary).
+
+    Returns:
+        Per example, as Python ints: prefix lengths and real lengths (prefix + context); and as (B,) tensors:
+        prefix lengths, real lengths, the index of the first real token (long) and which rows are one text (bool).
+    """
+    batch, length = input_ids.shape
+    device = input_ids.device
+    ids = input_ids if is_separator is None else None
+    mask = real_tokens(config, ids, input_ids, attention_mask)
+    lengths = mask.sum(dim=1)
+    positions = torch.arange(length, device=device)
+    starts = torch.where(mask, positions, length).min(dim=1).values.clamp(max=length - 1)
+    one_block = (mask == ((positions >= starts.unsqueeze(1)) & (positions < (starts + lengths).unsqueeze(1)))).all(dim=1)
+    is_sep = (input_ids == config.separator_token_id if is_separator is None else is_separator) & mask
+    if question_lengths is None:
+        prefix, question, found = locate_question_prefix(is_sep, starts)
+        single = single_text_rows(input_format, found, prefix, lengths)
+        prefix = torch.where(single, torch.ones_like(prefix), prefix)  # <s> alone
+        question, found = question.masked_fill(single, 0), found | single
+    else:
+        prefix = torch.as_tensor(question_lengths, device=device).view(-1)
+        if prefix.shape[0] != batch:
+            raise ValueError(f"question_lengths has {prefix.shape[0]} entries for a batch of {batch}.")
+        question, found = prefix - QUESTION_PREFIX_SPECIAL_TOKENS, torch.ones_like(one_block)
+        single = torch.zeros_like(one_block)
+    if not read_back:  # export: sizes given, nothing read back (nor checked)
+        return None, None, prefix, lengths, starts, single
+    last = (starts + lengths - 1).clamp(min=0).unsqueeze(1)
+    context = lengths - prefix - torch.gather(is_sep, 1, last).squeeze(1).long()  # without the closing separator
+    stats = row_facts(ids, prefix, lengths, question, context, one_block, found).tolist()  # one read-back
+    if len(stats) > 6:
+        check_token_ids(config, stats[6][0], stats[7][0])
+    check_rows(config, *stats[1:6], "input_ids" if is_separator is None else "inputs_embeds")
+    return stats[0], stats[1], prefix, lengths, starts, single
+
+
+def real_tokens(
+    config: ClusterFormerConfig, input_ids: torch.Tensor | None, reference: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+) -> torch.Tensor:
+    """(B, T) bool of the real tokens: the given mask, else the non-padding ids (every token for embeddings)."""
+    if attention_mask is None:
+        if input_ids is not None and config.pad_token_id is not None:
+            return input_ids.ne(config.pad_token_id)
+        return torch.ones(reference.shape, dtype=torch.bool, device=reference.device)
+    if attention_mask.shape != reference.shape:
+        raise ValueError(
+            f"attention_mask has shape {tuple(attention_mask.shape)} but the input has {tuple(reference.shape)}; "
+            "pass the attention_mask the tokenizer returned with these inputs."
+        )
+    return attention_mask.bool()
+
+
+def row_facts(
+    input_ids: torch.Tensor | None, prefix: torch.Tensor, lengths: torch.Tensor, question: torch.Tensor,
+    context: torch.Tensor, one_block: torch.Tensor, found: torch.Tensor,
+) -> torch.Tensor:
+    """(6, B) or (8, B) long: the (B,) row facts stacked to come back in one transfer, plus two rows holding the
+    smallest and largest id of ``input_ids`` (when given) for the vocabulary check."""
+    stats = torch.stack([prefix, lengths, question, context, one_block.long(), found.long()])
+    if input_ids is not None and input_ids.numel() > 0:
+        bounds = torch.stack([input_ids.min(), input_ids.max()]).to(stats.dtype)
+        stats = torch.cat([stats, bounds.view(2, 1).expand(2, prefix.shape[0])])
+    return stats
+
+
+def check_input_tensors(input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None) -> None:
+    """One of (B, T) integer ``input_ids`` or (B, T, d) ``inputs_embeds``, else one line."""
+    if (input_ids is None) == (inputs_embeds is None):
+        raise ValueError("ClusterFormerModel needs exactly one of input_ids and inputs_embeds; pass one of them.")
+    if inputs_embeds is not None:
+        if inputs_embeds.dim() != 3:
+            raise ValueError(f"inputs_embeds must be (batch, length, hidden), got shape {tuple(inputs_embeds.shape)}.")
+        return
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}.")
+    if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+        raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}; pass the "
+                        "tokenizer's ids (e.g. return_tensors='pt') or input_ids.long().")
+
+
+def check_token_ids(config: ClusterFormerConfig, low: int, high: int) -> None:
+    """The smallest and largest input id lie within the vocabulary, else one line naming the id."""
+    if low < 0 or high >= config.vocab_size:
+        raise ValueError(f"input_ids holds token id {low if low < 0 else high}, outside the vocabulary "
+                         f"(0..{config.vocab_size - 1}); encode the text with this model's tokenizer.")
+
+
+def check_rows(config: ClusterFormerConfig, lengths: list[int], questions: list[int], contexts: list[int],
+               one_block_ok: list[int], found_ok: list[int], what: str) -> None:
+    """Every row one block of tokens with a separator, a question/context pair, its question and context within
+    the configured limits."""
+    if 0 in lengths:
+        raise ValueError(
+            f"attention_mask row {lengths.index(0)} is all zeros, so the row has no tokens; drop that row from the "
+            "batch, or pass the attention_mask the tokenizer returned."
+        )
+    if not all(one_block_ok):
+        raise ValueError(
+            f"attention_mask row {one_block_ok.index(0)} mixes padding into the tokens; pad on one side only "
+            "(right-padded or left-padded, as tokenizers do)."
+        )
+    if not all(found_ok):
+        raise ValueError(
+            f"{what} row {found_ok.index(0)} has no separator token, so the question cannot be found; encode inputs "
+            "as tokenizer(question, context) or pass question_lengths."
+        )
+    if min(contexts) < 0:  # the first separator closes the row: one text, no context after a question
+        raise ValueError(
+            f"{what} row {contexts.index(min(contexts))} holds one text, not a question/context pair (its first "
+            "separator ends it); encode inputs as tokenizer(question, context), or pass question_lengths."
+        )
+    for row in {questions.index(max(questions)), contexts.index(min(contexts)), contexts.index(max(contexts))}:
+        config.check_input_lengths(questions[row], contexts[row], where=f"row {row}")
+
+
 class ClusterFormerModel(ClusterFormerPreTrainedModel):
     """Cluster-Former encoder over ``<s> question </s></s> context </s>`` pairs or single texts ``<s> text </s>`` of any
     length (`INPUT_FORMATS`).
@@ -1134,131 +1280,15 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
         input_format: str = "pair",
         read_back: bool = True,
     ) -> tuple[list[int] | None, list[int] | None, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Validate the batch and locate every example in it.
-
-        Args:
-            input_ids: (B, T) or None; inputs_embeds: (B, T, d) or None (exactly one of them).
-            attention_mask: optional (B, T); one block of ones per row (right or left padding).
-            question_lengths: optional (B,) question prefix lengths (then every row is a pair).
-            input_format: one of `INPUT_FORMATS`; single-text rows (`single_text_rows`) get the prefix ``<s>``.
-            read_back: read the lengths back and check the rows; without it (export bounds, `BatchSizes.bounds`) the
-                ints are None and nothing is checked.
-
-        Returns:
-            Per example, as Python ints: prefix lengths and real lengths (prefix + context); and as (B,) tensors:
-            prefix lengths, real lengths, the index of the first real token (long) and which rows are one text (bool).
-        """
-        config = self.config
-        self._check_inputs(input_ids, inputs_embeds)
-        reference = input_ids if input_ids is not None else inputs_embeds[..., 0]
-        batch, length = reference.shape
-        device = reference.device
-        mask = self._real_tokens(input_ids, reference, attention_mask)
-        lengths = mask.sum(dim=1)
-        positions = torch.arange(length, device=device)
-        starts = torch.where(mask, positions, length).min(dim=1).values.clamp(max=length - 1)
-        one_block = (mask == ((positions >= starts.unsqueeze(1)) & (positions < (starts + lengths).unsqueeze(1)))).all(dim=1)
-        sep = config.separator_token_id
-        if input_ids is not None:
-            is_sep = input_ids == sep
-        else:  # separators are the rows equal to the separator's word embedding
-            is_sep = (inputs_embeds == self.embeddings.word_embeddings.weight[sep].to(inputs_embeds.dtype)).all(dim=-1)
-        is_sep = is_sep & mask
-        if question_lengths is None:
-            prefix, question, found = locate_question_prefix(is_sep, starts)
-            single = single_text_rows(input_format, found, prefix, lengths)
-            prefix = torch.where(single, torch.ones_like(prefix), prefix)  # <s> alone
-            question, found = question.masked_fill(single, 0), found | single
-        else:
-            prefix = torch.as_tensor(question_lengths, device=device).view(-1)
-            if prefix.shape[0] != batch:
-                raise ValueError(f"question_lengths has {prefix.shape[0]} entries for a batch of {batch}.")
-            question, found = prefix - QUESTION_PREFIX_SPECIAL_TOKENS, torch.ones_like(one_block)
-            single = torch.zeros_like(one_block)
-        if not read_back:  # export bounds: sizes from the shape, nothing read back (nor checked)
-            return None, None, prefix, lengths, starts, single
-        last = (starts + lengths - 1).clamp(min=0).unsqueeze(1)
-        context = lengths - prefix - torch.gather(is_sep, 1, last).squeeze(1).long()  # without the closing separator
-        stats = self._row_facts(input_ids, prefix, lengths, question, context, one_block, found).tolist()  # one read-back
-        if len(stats) > 6:
-            self._check_token_ids(stats[6][0], stats[7][0])
-        self._check_rows(*stats[1:6], "input_ids" if input_ids is not None else "inputs_embeds")
-        return stats[0], stats[1], prefix, lengths, starts, single
-
-    def _real_tokens(
-        self, input_ids: torch.Tensor | None, reference: torch.Tensor, attention_mask: torch.Tensor | None
-    ) -> torch.Tensor:
-        """(B, T) bool of the real tokens: the given mask, else the non-padding ids (every token for embeddings)."""
-        if attention_mask is None:
-            if input_ids is not None and self.config.pad_token_id is not None:
-                return input_ids.ne(self.config.pad_token_id)
-            return torch.ones(reference.shape, dtype=torch.bool, device=reference.device)
-        if attention_mask.shape != reference.shape:
-            raise ValueError(
-                f"attention_mask has shape {tuple(attention_mask.shape)} but the input has {tuple(reference.shape)}; "
-                "pass the attention_mask the tokenizer returned with these inputs."
-            )
-        return attention_mask.bool()
-
-    @staticmethod
-    def _row_facts(
-        input_ids: torch.Tensor | None, prefix: torch.Tensor, lengths: torch.Tensor, question: torch.Tensor,
-        context: torch.Tensor, one_block: torch.Tensor, found: torch.Tensor,
-    ) -> torch.Tensor:
-        """(6, B) or (8, B) long: the (B,) row facts stacked to come back in one transfer, plus two rows holding the
-        smallest and largest id of ``input_ids`` (when given) for the vocabulary check."""
-        stats = torch.stack([prefix, lengths, question, context, one_block.long(), found.long()])
-        if input_ids is not None and input_ids.numel() > 0:
-            bounds = torch.stack([input_ids.min(), input_ids.max()]).to(stats.dtype)
-            stats = torch.cat([stats, bounds.view(2, 1).expand(2, prefix.shape[0])])
-        return stats
-
-    def _check_inputs(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None) -> None:
-        """One of (B, T) integer ``input_ids`` or (B, T, d) ``inputs_embeds``, else one line."""
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("ClusterFormerModel needs exactly one of input_ids and inputs_embeds; pass one of them.")
+        """`locate_rows` of ``input_ids``, or of ``inputs_embeds`` (B, T, d), whose separators are the rows equal to
+        the separator's word embedding."""
+        check_input_tensors(input_ids, inputs_embeds)
+        is_separator = None
         if inputs_embeds is not None:
-            if inputs_embeds.dim() != 3:
-                raise ValueError(f"inputs_embeds must be (batch, length, hidden), got shape {tuple(inputs_embeds.shape)}.")
-            return
-        if input_ids.dim() != 2:
-            raise ValueError(f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}.")
-        if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
-            raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}; pass the "
-                            "tokenizer's ids (e.g. return_tensors='pt') or input_ids.long().")
-
-    def _check_token_ids(self, low: int, high: int) -> None:
-        """The smallest and largest input id lie within the vocabulary, else one line naming the id."""
-        if low < 0 or high >= self.config.vocab_size:
-            raise ValueError(f"input_ids holds token id {low if low < 0 else high}, outside the vocabulary "
-                             f"(0..{self.config.vocab_size - 1}); encode the text with this model's tokenizer.")
-
-    def _check_rows(self, lengths: list[int], questions: list[int], contexts: list[int], one_block_ok: list[int],
-                    found_ok: list[int], what: str) -> None:
-        """Every row one block of tokens with a separator, a question/context pair, its question and context within
-        the configured limits."""
-        if 0 in lengths:
-            raise ValueError(
-                f"attention_mask row {lengths.index(0)} is all zeros, so the row has no tokens; drop that row from the "
-                "batch, or pass the attention_mask the tokenizer returned."
-            )
-        if not all(one_block_ok):
-            raise ValueError(
-                f"attention_mask row {one_block_ok.index(0)} mixes padding into the tokens; pad on one side only "
-                "(right-padded or left-padded, as tokenizers do)."
-            )
-        if not all(found_ok):
-            raise ValueError(
-                f"{what} row {found_ok.index(0)} has no separator token, so the question cannot be found; encode inputs "
-                "as tokenizer(question, context) or pass question_lengths."
-            )
-        if min(contexts) < 0:  # the first separator closes the row: one text, no context after a question
-            raise ValueError(
-                f"{what} row {contexts.index(min(contexts))} holds one text, not a question/context pair (its first "
-                "separator ends it); encode inputs as tokenizer(question, context), or pass question_lengths."
-            )
-        for row in {questions.index(max(questions)), contexts.index(min(contexts)), contexts.index(max(contexts))}:
-            self.config.check_input_lengths(questions[row], contexts[row], where=f"row {row}")
+            separator = self.embeddings.word_embeddings.weight[self.config.separator_token_id]
+            is_separator = (inputs_embeds == separator.to(inputs_embeds.dtype)).all(dim=-1)
+        return locate_rows(self.config, input_ids if input_ids is not None else inputs_embeds[..., 0], attention_mask,
+                           question_lengths, input_format, read_back, is_separator)
 
     # -- forward ------------------------------------------------------------------------------------------------
 
@@ -1350,11 +1380,7 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
             read_back=sizes is None or not sizes.bounds,
         )
         if sizes is None:
-            sizes = BatchSizes(
-                num_windows=max(count_windows(t - p, size, stride) for p, t in zip(prefixes, totals)),
-                prefix_width=max(prefixes),
-                routed_chunks=count_routed_chunks(prefixes, totals, size, stride, config.chunk_question_prefix),
-            )
+            sizes = BatchSizes.of_rows(config, prefixes, totals)
         layout = build_window_layout(prefix, lengths, size, stride, sizes.num_windows, sizes.prefix_width,
                                      padding_idx=config.pad_token_id, starts=starts)
         return layout, sizes, single
@@ -1730,7 +1756,8 @@ __all__ = [
     "build_window_layout",
     "count_routed_chunks",
     "count_windows",
-    "export_sizes",
+    "locate_rows",
+    "MIN_PROGRAM_WINDOWS",
     "merge_overlaps_",
     "order_centroids_greedy",
     "overlap_slots",

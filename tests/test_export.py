@@ -245,3 +245,20 @@ def test_command_errors_are_one_line(tmp_path, capsys):
         assert len(error.splitlines()) == 1 and error.startswith("clusterformer: error:"), error
         assert __import__("re").search(expected, error), error
     assert not (tmp_path / "m.onnx").exists()
+
+
+def test_onnx_files_are_optimised_once_and_attention_reads_one_additive_mask_per_layout(exported):
+    """The file holds one Attention node per layer (opset 23), no transpose of a weight left to do at load time, and
+    each boolean attention mask turned into an additive float one once, shared by the layers that read it."""
+    onnx = pytest.importorskip("onnx")
+    _, runners = exported
+    graph = onnx.load(str(runners["onnx"].path)).graph
+    attention = [node for node in graph.node if node.op_type == "Attention"]
+    assert len(attention) == 4  # CONFIG: 4 layers (a sliding, a cluster, an LSH and a sparse one)
+    masks = {node.input[3] for node in attention}
+    made = {node.output[0] for node in graph.node if node.op_type == "Where" and node.name.endswith("_additive_where")}
+    assert masks <= made and len(made) == len(masks)
+    weights = {initializer.name for initializer in graph.initializer}
+    products = [node for node in graph.node if node.op_type == "MatMul"]
+    assert sum(node.input[1] in weights for node in products) >= 4 * 6  # every layer's 6 linear maps: stored weights
+    assert runners["onnx"].quantize is None and runners["int8"].quantize == "int8"

@@ -335,8 +335,42 @@ def _write_onnx(program: torch.export.ExportedProgram, out: Path, metadata: dict
             quantize_dynamic(optimized, quantized, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"])
             optimized = quantized
         graph = onnx.load(str(optimized))
+        additive_attention_masks(graph)
         onnx.helper.set_model_props(graph, {METADATA_KEY: json.dumps({**metadata, "quantize": quantize})})
         onnx.save(graph, str(out))
+
+
+def additive_attention_masks(model) -> int:
+    """Give every ONNX ``Attention`` node with a boolean mask an additive float one (0 where allowed, the float
+    minimum elsewhere), made once per mask and shared by the nodes that read it: onnxruntime's CPU attention adds a
+    float mask to its scores directly and is slower with a boolean one. Returns the number of masks made.
+
+    Args:
+        model: an ``onnx.ModelProto``, changed in place (the masks' types come from ONNX type inference).
+    """
+    import onnx
+
+    inferred = onnx.shape_inference.infer_shapes(model).graph
+    types = {value.name: value.type.tensor_type.elem_type
+             for value in [*inferred.value_info, *inferred.input, *inferred.output]}
+    graph = model.graph
+    converted: dict[str, str] = {}
+    for node in graph.node:
+        if node.op_type == "Attention" and node.domain in ("", "ai.onnx") and len(node.input) > 3 and node.input[3] \
+                and types.get(node.input[3]) == onnx.TensorProto.BOOL:
+            converted.setdefault(node.input[3], f"{node.input[3]}_additive")
+            node.input[3] = converted[node.input[3]]
+    if not converted:
+        return 0
+    allowed = onnx.helper.make_tensor("attention_mask_allowed", onnx.TensorProto.FLOAT, [], [0.0])
+    blocked = onnx.helper.make_tensor("attention_mask_blocked", onnx.TensorProto.FLOAT, [],
+                                      [float(np.finfo(np.float32).min)])
+    graph.initializer.extend([allowed, blocked])
+    for mask, additive in converted.items():
+        where = onnx.helper.make_node("Where", [mask, allowed.name, blocked.name], [additive], name=f"{additive}_where")
+        made = [i for i, node in enumerate(graph.node) if mask in node.output]
+        graph.node.insert(made[0] + 1 if made else 0, where)  # right after the node that makes the mask
+    return len(converted)
 
 
 # -- running an exported file -------------------------------------------------------------------------------------

@@ -464,10 +464,11 @@ def unsort_from_chunks(
     batch, kept = order.shape
     hidden = chunks.shape[-1]
     flat = chunks.reshape(batch, kept, hidden)
-    if bounded and kept >= length:  # `BatchSizes.for_program`: every chunk kept, C m > L
-        padded = kept
-    else:
-        padded = max(kept, -(-length // max(1, chunks.shape[1])) * chunks.shape[1])
+    if bounded and kept >= length:  # `BatchSizes.for_program`: every chunk kept, C m > L, ``order`` a permutation
+        # gather through the inverse permutation: an exported scatter of (B, L, d) states is slow in onnxruntime
+        inverse = torch.empty_like(order).scatter_(1, order, torch.arange(kept, device=order.device).expand(batch, -1))
+        return torch.gather(flat, 1, inverse[:, :length].unsqueeze(-1).expand(-1, -1, hidden))
+    padded = max(kept, -(-length // max(1, chunks.shape[1])) * chunks.shape[1])
     if fill is None:
         if kept < length:
             raise ValueError(f"unsort_from_chunks got {kept} of {length} slots; pass fill for the others.")

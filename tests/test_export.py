@@ -33,9 +33,11 @@ pytest.importorskip("onnxscript")
 # Window l = 16, stride m = 12 (tiny_config); every layer type, and the traced length is none of those below.
 CONFIG = dict(num_hidden_layers=4, cluster_layers=[1, 2, 3], global_layer_type=["cluster", "lsh", "sparse"])
 TRACED_LENGTH = 41
-#: (question, context) lengths per row: shorter than one window, several windows, a length that is no multiple of m.
+#: (question, context) lengths per row: shorter than one window, two, several windows, a length that is no multiple
+#: of m (the program's window count is the batch's own, from one up).
 BATCHES = {
     "one window": [(3, 6)],
+    "two windows": [(2, 20), (4, 9)],
     "several windows": [(4, 80), (6, 44), (2, 3)],
     "not a multiple of the stride": [(5, 37)],
     "padded, batch of 3": [(8, 29), (1, 61), (3, 14)],
@@ -238,6 +240,8 @@ def test_command_errors_are_one_line(tmp_path, capsys):
         (["export", str(tmp_path / "empty"), str(tmp_path / "m.onnx")], "config.json"),
         (["export", str(folder), str(tmp_path / "m.onnx"), "--format", "tflite"], "invalid choice: 'tflite'"),
         (["export", str(folder), str(tmp_path / "m.onnx")], "never trained.*--allow-untrained"),
+        (["export", str(folder), str(tmp_path / "m.pt2"), "--quantize", "int8"], "makes ONNX files.*m.onnx"),
+        (["export", str(folder), str(tmp_path / "m.onnx"), "--quantize", "int4"], "invalid choice: 'int4'"),
     ]
     for argv, expected in cases:
         assert main(argv) == 2

@@ -113,8 +113,11 @@ def test_overlap_merge_equals_the_merge_through_tokens(batch, seed, owner_only):
     merged = merge_overlaps_(states.clone(), overlap, owner_only)
     assert torch.equal(merged, expected)
     index, shared = overlap
-    # only the l - m overlapping copies per window pair are read and written
-    assert index.shape == (2, len(totals) * (layout.num_windows - 1) * (size - stride))
+    # only the l - m overlapping copies per window pair are read and written (the last window's tail copies pair
+    # with themselves and stay as they are)
+    assert index.shape == (2, len(totals) * layout.num_windows * (size - stride))
+    pairs = index.view(2, len(totals), layout.num_windows, size - stride)
+    assert torch.equal(pairs[0, :, -1], pairs[1, :, -1]) and bool((pairs[0, :, :-1] != pairs[1, :, :-1]).all())
     assert int(shared.sum()) == int(layout.is_context.sum() - layout.owner.sum())
 
 

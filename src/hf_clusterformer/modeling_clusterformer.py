@@ -114,10 +114,6 @@ def count_routed_chunks(
     return math.ceil(most / window_stride)
 
 
-#: The fewest windows an exported program lays out (its trace has no special case for one or two windows).
-MIN_PROGRAM_WINDOWS = 3
-
-
 @dataclass(frozen=True)
 class BatchSizes:
     """The sizes a forward pass lays its batch out with: K windows, the prefix width S - l and C routed chunks per
@@ -150,11 +146,6 @@ class BatchSizes:
         / m) + 1 routed chunks, so every slot of the K S has one (C m > K S); at least as many as the batch's own."""
         slots = num_windows * (prefix_width + config.window_size)
         return cls(num_windows, prefix_width, slots // config.window_stride + 1, bounds=True)
-
-    def program_inputs(self) -> tuple[int, int]:
-        """The window count and prefix width an exported program is given (at least `MIN_PROGRAM_WINDOWS` windows;
-        the windows past the batch's own are empty)."""
-        return max(self.num_windows, MIN_PROGRAM_WINDOWS), self.prefix_width
 
 
 @dataclass
@@ -349,7 +340,9 @@ def overlap_slots(layout: WindowLayout, window_size: int, window_stride: int) ->
     Returns:
         None when no token has two copies (``l == m``) or some have more than two (``l > 2m``); else
         index: (2, B * N) long slots ``(b * K + k) * S + s`` of the flattened (B * K * S) window slots: row 0 the tail
-            copies of windows 0 .. K-2, row 1 the head copies of windows 1 .. K-1, pair by pair (N = (K - 1)(l - m));
+            copies of windows 0 .. K-1, row 1 the head copies of windows 1 .. K-1, pair by pair (N = K (l - m); the
+            last window's tails pair with themselves, so no size is K - 1, which an exported program could not
+            take for one or two windows);
         shared: (B * N, 1) bool, both copies of the pair hold a context token (the next window exists and the
             token is inside the context); other pairs are a single copy or padding and stay as they are.
     """
@@ -360,12 +353,13 @@ def overlap_slots(layout: WindowLayout, window_size: int, window_stride: int) ->
     device = layout.token_index.device
     prefix = (layout.valid[:, 0] & ~layout.is_context[:, 0]).sum(-1)  # (B,) context starts at this slot
     example_start = torch.arange(batch, device=device) * (windows * slots)  # (B,)
-    window_start = torch.arange(windows - 1, device=device) * slots  # (K-1,)
+    window = torch.arange(windows, device=device)  # (K,)
     offset = torch.arange(width, device=device) + window_stride  # (l-m,) tail offsets in the context slice
-    tail = (example_start + prefix).view(-1, 1, 1) + window_start.view(1, -1, 1) + offset.view(1, 1, -1)
+    tail = (example_start + prefix).view(-1, 1, 1) + (window * slots).view(1, -1, 1) + offset.view(1, 1, -1)
+    has_next = (window < windows - 1).view(1, -1, 1).expand_as(tail).reshape(-1)  # (B * N,)
     tail = tail.reshape(-1)  # (B * N,)
-    head = tail + (slots - window_stride)
-    shared = layout.is_context.reshape(-1)[head].unsqueeze(-1)
+    head = torch.where(has_next, tail + (slots - window_stride), tail)
+    shared = (layout.is_context.reshape(-1)[head] & has_next).unsqueeze(-1)
     return torch.stack([tail, head]), shared
 
 
@@ -395,7 +389,11 @@ def merge_overlaps_(window_states: torch.Tensor, overlap: tuple[torch.Tensor, to
         flat.index_copy_(0, index[0], torch.where(shared, head, tail))
     else:
         mean = (tail + head) / 2
-        flat.index_copy_(0, index.view(-1), torch.where(shared.repeat(2, 1), torch.cat([mean, mean]), copies))
+        new_tail, new_head = torch.where(shared.repeat(2, 1), torch.cat([mean, mean]), copies).chunk(2)
+        # the last window's tails are listed as their own heads too: the second write of the same value carries no
+        # gradient, so each copy's gradient is counted once
+        new_head = torch.where((index[0] == index[1]).unsqueeze(-1), new_head.detach(), new_head)
+        flat.index_copy_(0, index.view(-1), torch.cat([new_tail, new_head]))
     return flat.view_as(window_states)
 
 
@@ -1758,7 +1756,6 @@ __all__ = [
     "count_routed_chunks",
     "count_windows",
     "locate_rows",
-    "MIN_PROGRAM_WINDOWS",
     "merge_overlaps_",
     "order_centroids_greedy",
     "overlap_slots",

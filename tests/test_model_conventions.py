@@ -284,3 +284,7 @@ def test_a_num_clusters_override_that_does_not_fit_the_saved_centroids_is_one_li
     model = ClusterFormerForQuestionAnswering.from_pretrained(tmp_path, num_clusters=4, ignore_mismatched_sizes=True)
     assert model.cluster_routers()[2].centroids.shape[0] == 4 and not bool(model.cluster_routers()[2].fitted)
     assert ClusterFormerForQuestionAnswering.from_pretrained(tmp_path, num_clusters=4, cluster_layers=[]).config.num_clusters == 4
+    # a checkpoint without routed layers has no router tensors: a cluster layer added on loading takes any size
+    ClusterFormerForQuestionAnswering(tiny_config(cluster_layers=[], num_clusters=8)).save_pretrained(tmp_path / "plain")
+    added = ClusterFormerForQuestionAnswering.from_pretrained(tmp_path / "plain", num_clusters=4, cluster_layers=[1])
+    assert added.cluster_routers()[1].centroids.shape[0] == 4

@@ -1046,7 +1046,10 @@ class ClusterFormerPreTrainedModel(RobertaPreTrainedModel):
         if saved.get("model_type") != cls.config_class.model_type:
             return  # a RoBERTa checkpoint has no centroids: its options may be set freely
         kinds = {name: kwargs[name] for name in (*LAYER_KIND_SHORTCUTS, "layer_kinds") if name in kwargs}
-        routed = any(kind in ROUTED_LAYER_TYPES for kind in cls.config_class.from_dict(dict(saved), **kinds).layer_kinds)
+        saved_kinds = cls.config_class.from_dict(dict(saved)).layer_kinds
+        new_kinds = cls.config_class.from_dict(dict(saved), **kinds).layer_kinds
+        # only a layer routed in the checkpoint and in the model loads saved router tensors (a new one is drawn)
+        routed = any(old in ROUTED_LAYER_TYPES and new in ROUTED_LAYER_TYPES for old, new in zip(saved_kinds, new_kinds))
         for name, value in overrides.items():
             if saved.get(name) not in (None, value) and (routed or name == "hidden_size"):
                 raise ValueError(

@@ -84,6 +84,18 @@ def time_row(model, runners: dict, ids: torch.Tensor, mask: torch.Tensor, repeat
             "max_abs_difference": difference}
 
 
+def command_line(args: argparse.Namespace) -> str:
+    """The command that reproduces this run (flags with values, switches alone)."""
+    flags = []
+    for name, value in vars(args).items():
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            flags.append(flag)
+        elif value not in (None, False):
+            flags.append(f"{flag} {' '.join(map(str, value)) if isinstance(value, list) else value}")
+    return "python bench/bench_export.py " + " ".join(flags)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[2048, 8192, 32768])
@@ -115,9 +127,7 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps({"threads": args.threads, "repeats": args.repeats, "seconds": seconds,
                                                "torch": torch.__version__, "onnxruntime": ort.__version__,
-                                               "command": "python bench/bench_export.py " + " ".join(
-                                                   f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
-                                                   for k, v in vars(args).items() if v not in (None, False)),
+                                               "command": command_line(args),
                                                "rows": rows}, indent=1) + "\n")
 
 

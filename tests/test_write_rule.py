@@ -842,7 +842,9 @@ def test_export_is_quiet_unless_verbose(hub_model, tmp_path, capsys, caplog, mon
         notes += [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
         assert len(notes) == (2 if verbose else 0), notes
         line = capsys.readouterr().out.strip().splitlines()[-1]
-        assert line == f"wrote {tmp_path / 'model.onnx'} (onnx: dynamic batch and length)"
+        out = tmp_path / "model.onnx"
+        assert line == f"wrote {out} (onnx: dynamic batch and length); run it with " \
+                       f"hf_clusterformer.export.load_exported({str(out)!r})"
     assert logging.getLogger("torch.onnx").level == logging.NOTSET  # as before the command
 
 

@@ -297,6 +297,20 @@ def test_convert_rejects_other_architectures(workdir, capsys):
     assert not (workdir / "out").exists()
 
 
+def test_convert_refuses_a_qa_head_without_two_outputs(workdir, capsys):
+    """A question-answering checkpoint whose head gives 3 outputs per token would load as a broken QA model."""
+    from transformers import RobertaConfig, RobertaForQuestionAnswering
+
+    source = workdir / "qa3"
+    RobertaForQuestionAnswering(RobertaConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                              intermediate_size=32, num_labels=3)).save_pretrained(source)
+    capsys.readouterr()  # the saving's progress bar
+    assert main(["convert", str(source), str(workdir / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "gives 3 outputs per token" in err and "--task" in err, err
+    assert not (workdir / "out").exists()
+
+
 def test_push_missing_checkpoint(workdir, capsys):
     assert main(["push", str(workdir / "nothing"), "user/repo"]) == 2
     assert "does not exist" in capsys.readouterr().err

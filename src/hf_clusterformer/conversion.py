@@ -208,6 +208,7 @@ def convert_checkpoint(
     hub_kwargs = {"revision": revision, "token": token}
     source = _convertible_config(src, hub_kwargs)
     task = task or _source_task(source, src)
+    _check_qa_outputs(source, src, task)
     options.update(_kept_depth(num_hidden_layers, source, src))
     loaded_tokenizer = _conversion_tokenizer(src, tokenizer, hub_kwargs)
     with torch.random.fork_rng(devices=[]):
@@ -282,6 +283,16 @@ def _untrained_head_error(
                 + f"; pass {flag} to convert it for fine-tuning.")
 
     return ConversionTaskError(message(False), message(True))
+
+
+def _check_qa_outputs(source: PretrainedConfig, src: str | os.PathLike, task: str) -> None:
+    """A question-answering source whose head gives other than 2 outputs (start, end) per token cannot become a QA
+    model (its ``qa_outputs`` would load as they are and the logits mean something else): `ValueError`, one line."""
+    outputs = getattr(source, "num_labels", 2)
+    if task == "qa" and architectures_task(source.architectures) == "question-answering" and outputs != 2:
+        raise ValueError(f"{src}'s question-answering head gives {outputs} outputs per token (num_labels={outputs}), "
+                         "not the 2 (start, end) a QA model reads; convert a question-answering checkpoint whose "
+                         "head has 2 outputs, or name another head with --task.")
 
 
 def _conversion_options(options: Mapping[str, Any]) -> dict[str, Any]:

@@ -87,6 +87,36 @@ def test_run_mlm_on_text_files_continues_a_checkpoint(tmp_path):
     assert bad.returncode == 2 and "missing.txt does not exist" in bad.stderr
 
 
+def test_train_head_only_changes_the_head_alone_and_starts_either_model(tmp_path):
+    """``--train_head_only`` (a start for a checkpoint without an MLM head): the encoder and the tied decoder stay as
+    they were, the head's own weights move; its folder then continues as a sliding-window model or with a cluster
+    layer of any size."""
+    from safetensors.torch import load_file
+
+    sentences = ["The river runs past the old mill and the bridge.", "Melka keeps bees behind the house in Tarsk."]
+    text = "\n\n".join("\n".join(sentences[(i + j) % 2] for j in range(30)) for i in range(3))
+    (tmp_path / "train.txt").write_text(text, encoding="utf-8")
+    files = ["--train_file", str(tmp_path / "train.txt"), "--validation_file", str(tmp_path / "train.txt"),
+             "--min_block_length", "8"]
+    plain = [arg for arg in TINY if arg not in ("--cluster_layers", "1")] + ["--cluster_layers"]
+    assert run_script(*plain, *files, "--output_dir", str(tmp_path / "start"), "--do_train").returncode == 0
+    common = ["--max_steps", "3", "--learning_rate", "1e-2", "--max_seq_length", "32", "--save_strategy", "no",
+              "--report_to", "none", "--use_cpu", "--seed", "0", *files]
+    head = run_script("--model_name_or_path", str(tmp_path / "start"), "--train_head_only", *common,
+                      "--output_dir", str(tmp_path / "head"), "--do_train", "--do_eval")
+    assert head.returncode == 0, head.stderr[-3000:]
+    results = json.loads((tmp_path / "head" / "all_results.json").read_text())
+    assert results["trained_weights"].split(",") == ["lm_head.bias", "lm_head.dense.weight", "lm_head.dense.bias",
+                                                     "lm_head.layer_norm.weight", "lm_head.layer_norm.bias"]
+    before, after = (load_file(tmp_path / name / "model.safetensors") for name in ("start", "head"))
+    moved = {key for key in before if not torch.equal(before[key], after[key])}
+    assert moved == set(results["trained_weights"].split(",")), moved
+    for layers in (["--cluster_layers"], ["--cluster_layers", "1", "--num_clusters", "4"]):
+        run = run_script("--model_name_or_path", str(tmp_path / "head"), *layers, *common,
+                         "--output_dir", str(tmp_path / f"continued{len(layers)}"), "--do_train")
+        assert run.returncode == 0, run.stderr[-3000:]
+
+
 def test_outside_window_matches_a_direct_count(run_mlm):
     """A masked token counts as outside when a visible copy of it lies in no window that holds it."""
     generator = torch.Generator().manual_seed(0)

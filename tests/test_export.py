@@ -44,12 +44,18 @@ BATCHES = {
 }
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    torch.manual_seed(0)
-    model = ClusterFormerForQuestionAnswering(tiny_config(**CONFIG)).eval()
+def fitted_model(cls, seed: int, **config):
+    """A tiny ``cls`` in eval mode, drawn with ``seed``, its centroids marked fitted (random ones do for export)."""
+    torch.manual_seed(seed)
+    model = cls(tiny_config(**config)).eval()
     for router in model.cluster_routers().values():
         router.fitted.fill_(True)
+    return model
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    model = fitted_model(ClusterFormerForQuestionAnswering, 0, **CONFIG)
     folder = tmp_path_factory.mktemp("export")
     program = export_program(model, TRACED_LENGTH)  # the same as export_model(..., length=TRACED_LENGTH) writes
     files = {name: write_program(program, folder / file, kind, program_metadata(model), quantize=quantize)
@@ -119,10 +125,7 @@ CHOICES = {"one example of three": (1, 3), "two of four": (2, 4), "three of one"
 
 @pytest.fixture(scope="module")
 def exported_choices(tmp_path_factory):
-    torch.manual_seed(2)
-    model = ClusterFormerForMultipleChoice(tiny_config(**CONFIG)).eval()
-    for router in model.cluster_routers().values():
-        router.fitted.fill_(True)
+    model = fitted_model(ClusterFormerForMultipleChoice, 2, **CONFIG)
     program = export_program(model, TRACED_LENGTH)
     folder = tmp_path_factory.mktemp("choices")
     return model, *(load_exported(write_program(program, folder / name, kind, program_metadata(model)))
@@ -183,10 +186,7 @@ def test_every_head_drawn_at_load_and_saved_through_the_auto_classes_is_refused(
 def test_left_padding_and_another_head(tmp_path):
     """A classification head exports too (`clusterformer export --format torch` writes its .pt2 file), and
     left-padded rows give eager's logits."""
-    torch.manual_seed(1)
-    model = ClusterFormerForSequenceClassification(tiny_config(num_labels=3)).eval()
-    for router in model.cluster_routers().values():
-        router.fitted.fill_(True)
+    model = fitted_model(ClusterFormerForSequenceClassification, 1, num_labels=3)
     model.save_pretrained(tmp_path / "cls")
     assert main(["export", str(tmp_path / "cls"), str(tmp_path / "cls.pt2"), "--format", "torch"]) == 0
     program = load_exported(tmp_path / "cls.pt2")

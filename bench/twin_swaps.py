@@ -20,16 +20,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
 from clusterformer_research.experiment.report import positional_shortcuts
 from clusterformer_research.longrange import generate_longrange_dataset
+from clusterformer_research.training import Gate, TrainStage, pad_batch, train_stages
 from hf_clusterformer import CentroidUpdater, ClusterFormerForQuestionAnswering
 from hf_clusterformer.centroid_updates import CentroidUpdateSettings
 from hf_clusterformer.features import prepare_train_features, prepare_validation_features
@@ -74,24 +73,13 @@ def load_examples(spec: str, stage: str, count: int, split: str, seed: int, toke
     return project_examples(json.loads(spec), count, f"{stage}-{split}", seed, tokenizer)
 
 
-def pad(rows: list[dict], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, T) right-padded ids and mask."""
-    width = max(len(r["ids"]) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, r in enumerate(rows):
-        ids[i, : len(r["ids"])] = torch.tensor(r["ids"])
-        mask[i, : len(r["ids"])] = 1
-    return ids, mask
-
-
 @torch.no_grad()
 def evaluate(model, examples: list[dict], pad_id: int) -> dict:
     model.eval()
     start_hits = text_hits = 0
     for begin in range(0, len(examples), 16):
         rows = examples[begin: begin + 16]
-        ids, mask = pad(rows, pad_id)
+        ids, mask = pad_batch([r["ids"] for r in rows], pad_id)
         out = model(input_ids=ids, attention_mask=mask)
         start_hits += int((out.start_logits.masked_fill(mask == 0, -1e4).argmax(-1)
                            == torch.tensor([r["start"] for r in rows])).sum())
@@ -102,7 +90,6 @@ def evaluate(model, examples: list[dict], pad_id: int) -> dict:
             candidate = torch.tensor([o is not None for o in r["offsets"]])
             ((_, s, e),) = rank_spans(out.start_logits[j, :n], out.end_logits[j, :n], candidate, max_answer_len=8)
             text_hits += r["context"][r["offsets"][s][0]: r["offsets"][e][1]].strip().lower() == r["answer"]
-    model.train()
     result = {"start_em": round(100 * start_hits / len(examples), 1)}
     if "offsets" in examples[0]:
         result["text_em"] = round(100 * text_hits / len(examples), 1)
@@ -121,6 +108,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--near-gate", type=float, default=None,
                         help="end the near stage at the first evaluation whose held-out near start EM reaches this "
                              "(--near-steps is then the most it runs)")
+    parser.add_argument("--gate-evaluations", type=int, default=1,
+                        help="the gate reads the mean of the near stage's last this many evaluations")
+    parser.add_argument("--rehearsal-batch", type=int, default=0,
+                        help="near training questions added to every far step (their own forward pass; 0: none)")
+    parser.add_argument("--checkpoint-dir", default=None,
+                        help="save the run's state here every 25 steps; the same command resumes from it")
     parser.add_argument("--near-batch", type=int, default=16)
     parser.add_argument("--far-batch", type=int, default=8)
     parser.add_argument("--near-lr", type=float, default=1e-4)
@@ -164,49 +157,30 @@ def main(argv: list[str] | None = None) -> dict:
     pad_id = tokenizer.pad_token_id
     held_out = {name: load_examples(spec, name, args.eval_examples, "validation", args.seed, tokenizer, args.probe)
                 for name, spec, steps, *_ in stages if steps}
-    record = {"args": vars(args), "curve": [], "seconds": {}}
+    record = {"args": vars(args)}
     record["shortcuts"] = {name: positional_shortcuts([e["record"] for e in examples])
                            for name, examples in held_out.items() if "record" in examples[0]}
     print(json.dumps({"shortcuts": record["shortcuts"]}), flush=True)
-    started = time.time()
-    rng = random.Random(args.seed)
-    global_step = 0
-    for name, spec, steps, batch_size, lr in stages:
-        if not steps:
-            continue
-        data = load_examples(spec, name, args.train_examples, "train", args.seed, tokenizer, args.probe)
-        trained = [p for p in model.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(trained, lr=lr, weight_decay=0.01)
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / args.warmup))
-        order = list(range(len(data)))
-        losses = []
-        for step in range(1, steps + 1):
-            begin = ((step - 1) * batch_size) % len(data)
-            if args.order == "shuffled" and begin < batch_size:
-                rng.shuffle(order)
-            picked = [data[order[(begin + i) % len(data)]] for i in range(batch_size)]
-            ids, mask = pad(picked, pad_id)
-            loss = model(input_ids=ids, attention_mask=mask, start_positions=torch.tensor([r["start"] for r in picked]),
-                         end_positions=torch.tensor([r["end"] for r in picked])).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(trained, 1.0)
-            optimizer.step()
-            schedule.step()
-            optimizer.zero_grad(set_to_none=True)
-            if updater is not None:
-                updater.step()
-            losses.append(loss.item())
-            global_step += 1
-            if step % args.eval_every == 0 or step == steps:
-                point = {"stage": name, "step": step, "global_step": global_step,
-                         "loss": round(sum(losses[-args.eval_every:]) / len(losses[-args.eval_every:]), 3),
-                         "seconds": round(time.time() - started)}
-                point.update({f"{k}_{m}": v for k, ex in held_out.items() for m, v in evaluate(model, ex, pad_id).items()})
-                record["curve"].append(point)
-                print(json.dumps(point), flush=True)
-                if name == "near" and args.near_gate is not None and point["near_start_em"] >= args.near_gate:
-                    record["near_steps_run"] = step
-                    break
+    data = {name: [{"input_ids": e["ids"], "start_positions": e["start"], "end_positions": e["end"]} for e in
+                   load_examples(spec, name, args.train_examples, "train", args.seed, tokenizer, args.probe)]
+            for name, spec, steps, *_ in stages if steps}
+    order = "epochs" if args.order == "shuffled" else "sequential"
+    plan = [TrainStage(name, data[name], steps, batch_size, lr, warmup=args.warmup, order=order,
+                       gate=Gate("near_start_em", args.near_gate, args.gate_evaluations)
+                       if name == "near" and args.near_gate is not None else None,
+                       rehearsal=data.get("near", ()) if name == "far" and args.rehearsal_batch else (),
+                       rehearsal_batch=args.rehearsal_batch if name == "far" else 0)
+            for name, spec, steps, batch_size, lr in stages if steps]
+
+    def held_out_metrics(model) -> dict:
+        return {f"{k}_{m}": v for k, ex in held_out.items() for m, v in evaluate(model, ex, pad_id).items()}
+
+    result = train_stages(model, plan, pad_id=pad_id, evaluate=held_out_metrics, eval_every=args.eval_every,
+                          updater=updater, seed=args.seed, checkpoint_dir=args.checkpoint_dir,
+                          label=f"{args.variant}/seed {args.seed}")
+    record.update(curve=result["curve"], log=result["log"], seconds=result["seconds"], stage_steps=result["stages"])
+    if "near" in result["stages"] and result["stages"]["near"] < args.near_steps:
+        record["near_steps_run"] = result["stages"]["near"]
     record["final"] = record["curve"][-1] if record["curve"] else None
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

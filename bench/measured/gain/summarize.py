@@ -24,7 +24,23 @@ def read_log(path: Path) -> tuple[dict, list[dict]]:
             shortcuts = record["shortcuts"]
         elif "stage" in record:
             points.append(record)
-    return shortcuts, points
+    latest = {p["global_step"]: p for p in points}  # a resumed run may print a point again: the last one counts
+    return shortcuts, [latest[step] for step in sorted(latest)]
+
+
+def margins(seed: str, runs: dict[str, list[dict]]) -> list[str]:
+    """Far start EM of both models at equal far-stage steps, and Cluster-Former's margin."""
+    far = {variant: {p["step"]: p["far_start_em"] for p in points if p["stage"] == "far"}
+           for variant, points in runs.items()}
+    steps = sorted(set(far.get("clusterformer", {})) & set(far.get("sliding", {})))
+    if not steps:
+        return []
+    lines = [f"far start EM at equal far steps, seed {seed}:", "",
+             "| far step | " + " | ".join(str(s) for s in steps) + " |", "|---|" + "---|" * len(steps)]
+    for variant in ("clusterformer", "sliding"):
+        lines.append(f"| {variant} | " + " | ".join(str(far[variant][s]) for s in steps) + " |")
+    lines.append("| margin | " + " | ".join(f"{far['clusterformer'][s] - far['sliding'][s]:+.1f}" for s in steps) + " |")
+    return lines + [""]
 
 
 def table(seed: str, runs: dict[str, list[dict]]) -> list[str]:
@@ -52,6 +68,7 @@ def main(folder: str) -> None:
     out = ["# Gated twin study: learning curves", ""]
     for seed in sorted(runs):
         out += table(seed, runs[seed])
+        out += margins(seed, runs[seed])
         for name, values in shortcuts[seed].items():
             out.append(f"- {name} held-out shortcuts (text EM of answering by fact position): "
                        + ", ".join(f"{key} {value}" for key, value in values.items()))

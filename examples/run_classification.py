@@ -34,6 +34,7 @@ from safetensors import SafetensorError
 from transformers import AutoTokenizer, DataCollatorWithPadding, Trainer, TrainingArguments, set_seed
 
 from hf_clusterformer import CentroidUpdateCallback, ClusterFormerConfig, ClusterFormerForSequenceClassification
+from hf_clusterformer.callback import FiniteTrainingCallback
 from hf_clusterformer.configuration_clusterformer import model_options, required_position_embeddings
 from hf_clusterformer.data import build_tokenizer
 from hf_clusterformer.data.multipassage import default_squad_path, read_squad
@@ -148,6 +149,7 @@ def _run(model_args, data_args, centroid_args, training_args):
     train, test = (split.map(encode, batched=True, remove_columns=["text"]) for split in (train, test))
     callbacks = [CentroidUpdateCallback(centroid_args.settings(), seed=training_args.seed)] \
         if "cluster" in model.config.layer_kinds else []
+    callbacks.append(FiniteTrainingCallback())  # one line at the first NaN/inf, nothing saved
     trainer = Trainer(model=model, args=training_args, train_dataset=train, processing_class=tokenizer,
                       data_collator=DataCollatorWithPadding(tokenizer), callbacks=callbacks)
     lengths = [len(ids) for ids in test["input_ids"]]

@@ -51,6 +51,7 @@ from transformers import (
 )
 
 from hf_clusterformer import CentroidUpdateCallback, ClusterFormerConfig, ClusterFormerForMaskedLM
+from hf_clusterformer.callback import FiniteTrainingCallback
 from hf_clusterformer.centroid_updates import CentroidUpdater
 from hf_clusterformer.configuration_clusterformer import model_options, required_position_embeddings
 from hf_clusterformer.data import build_tokenizer
@@ -135,23 +136,40 @@ def mask_once(blocks: datasets.Dataset, tokenizer, probability: float, seed: int
     the masked positions."""
     collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=probability, seed=seed)
     rows = {"input_ids": [], "attention_mask": [], "labels": []}
+    generator = torch.Generator().manual_seed(seed)
     for example in blocks:
-        masked = collator([{"input_ids": example["input_ids"]}])
+        masked = no_special_draws(collator([{"input_ids": example["input_ids"]}]), tokenizer, generator)
         rows["input_ids"].append(masked["input_ids"][0].tolist())
         rows["labels"].append(masked["labels"][0].tolist())
         rows["attention_mask"].append(example["attention_mask"])
     return datasets.Dataset.from_dict(rows)
 
 
+def no_special_draws(batch: dict, tokenizer, generator: torch.Generator | None = None) -> dict:
+    """``batch`` (a masking collator's) with every masked position that BERT's 10% random replacement filled with a
+    special token (the pad id among them, which reads as padding) redrawn from the ordinary tokens."""
+    special = torch.tensor(sorted(set(tokenizer.all_special_ids) - {tokenizer.mask_token_id}))
+    ids, labels = batch["input_ids"], batch["labels"]
+    drawn = (labels != -100) & torch.isin(ids, special)
+    if drawn.any():
+        ordinary = torch.tensor([i for i in range(len(tokenizer)) if i not in set(special.tolist())])
+        ids[drawn] = ordinary[torch.randint(len(ordinary), (int(drawn.sum()),), generator=generator)]
+    return batch
+
+
 class MlmCollator:
-    """Training blocks get fresh masks every batch; pre-masked (held-out) blocks are only padded."""
+    """Training blocks get fresh masks every batch (never a special token drawn as a random replacement);
+    pre-masked (held-out) blocks are only padded."""
 
     def __init__(self, tokenizer, probability: float):
+        self.tokenizer = tokenizer
         self.masking = DataCollatorForLanguageModeling(tokenizer, mlm_probability=probability)
         self.padding = DataCollatorForTokenClassification(tokenizer)
 
     def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
-        return (self.padding if "labels" in examples[0] else self.masking)(examples)
+        if "labels" in examples[0]:
+            return self.padding(examples)
+        return no_special_draws(self.masking(examples), self.tokenizer)
 
 
 # -- model --------------------------------------------------------------------------------------------------------
@@ -255,7 +273,8 @@ def evaluate_blocks(model, blocks: datasets.Dataset) -> dict[str, float]:
     for example in blocks:
         ids = torch.tensor(example["input_ids"])
         labels = torch.tensor(example["labels"])
-        logits = model(input_ids=ids.unsqueeze(0).to(model.device)).logits[0].float().cpu()
+        mask = torch.tensor(example["attention_mask"]).unsqueeze(0).to(model.device)  # a drawn pad id is a token
+        logits = model(input_ids=ids.unsqueeze(0).to(model.device), attention_mask=mask).logits[0].float().cpu()
         masked = labels != -100
         losses.append(torch.nn.functional.cross_entropy(logits[masked], labels[masked], reduction="none"))
         outside.append(outside_window(ids, labels, config.window_size, config.window_stride))
@@ -310,6 +329,7 @@ def _run(model_args, data_args, centroid_args, training_args):
     if training_args.do_train:
         callbacks = [CentroidUpdateCallback(centroid_args.settings(), seed=training_args.seed)] \
             if "cluster" in model.config.layer_kinds else []
+        callbacks.append(FiniteTrainingCallback())  # one line at the first NaN/inf, nothing saved
         trainer = Trainer(model=model, args=training_args, train_dataset=train, processing_class=tokenizer,
                           data_collator=MlmCollator(tokenizer, data_args.mlm_probability), callbacks=callbacks)
         started = time.perf_counter()

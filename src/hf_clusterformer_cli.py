@@ -484,7 +484,8 @@ def _add_convert(commands: argparse._SubParsersAction, model_options: bool) -> N
     convert.add_argument("output_dir")
     convert.add_argument("--num-hidden-layers", type=int, default=None, help="keep only the first N layers")
     convert.add_argument("--overwrite", action="store_true",
-                         help="replace a model already in OUTPUT_DIR (its files, in one rename; other files are kept)")
+                         help="replace a model already in OUTPUT_DIR, and files of yours with a model file's name (other "
+                         "files are kept)")
     convert.add_argument("--task", choices=tuple(HEAD_TASKS), default=None,
                          help="the head to build (default: a Cluster-Former source's own, else question-answering); a "
                               "head the source lacks is new: it needs --allow-untrained")
@@ -598,6 +599,9 @@ def main(argv: list[str] | None = None) -> int:
     except CommandError as error:
         print(f"clusterformer: error: {' '.join(str(error).split())}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as error:  # a write says what the folder holds now; elsewhere nothing was written
+        print(f"clusterformer: {' '.join(str(error).split()) or 'interrupted; nothing was written'}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -1,10 +1,13 @@
-"""File policy of every writer: which files of a folder a model or its run owns, the modes new files get, writing a
-model folder all at once, and what kind of checkpoint a folder holds.
+"""File policy of every writer: which files of a folder a model or its run owns, the modes new files get, writing
+into a model folder (`writing_model_dir`, the one way every model folder is written), and what kind of checkpoint a
+folder holds.
 
 A top-level module with no imports beyond the standard library, on the bottom floor (see ARCHITECTURE.md): the
-command imports it without importing ``hf_clusterformer`` (torch, transformers). The write rule: a folder that holds a
-model is replaced only when asked (``--overwrite`` / ``overwrite=True``), and then only the model's own files
-(`owned_by_model`); every other file in it (notes, logs, a hand-written README next to no model) is the user's.
+command imports it without importing ``hf_clusterformer`` (torch, transformers). The write rule: a folder is written
+into as it is (a symlinked folder's target; its mode, owner and other files stay), each file by its own atomic
+rename; a model in it is replaced only when asked (``--overwrite`` / ``overwrite=True``), and a file that the library
+did not write (its record, `OWN_FILES_RECORD`) is never replaced without it; with it, only the library's own files
+and Trainer checkpoints are removed. Every other file (notes, logs, a hand-written README) is the user's.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 from collections.abc import Iterator, Sequence
@@ -40,7 +44,16 @@ __all__ = [
     "checkpoint_kind",
     "default_mode",
     "holds_model",
+    "is_trainer_checkpoint",
+    "last_checkpoint",
+    "library_files",
+    "output_folder",
     "owned_by_model",
+    "write_file",
+    "written_by_library",
+    "WriteInterrupted",
+    "OWN_FILES_RECORD",
+    "check_own_files",
     "run_output_dir",
     "writing_model_dir",
 ]
@@ -199,75 +212,282 @@ class _Terminated(BaseException):
     """SIGTERM arrived while a model folder was being written (raised by `_terminate_cleanly`'s handler)."""
 
 
+class WriteInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM) during a model write; its message says what the folder holds now (the old model, or the
+    new one in full)."""
+
+
+#: The hidden record of the files this library wrote into a folder (name -> SHA-256), what tells its own files from
+#: the user's; never uploaded (`hub_files` skips hidden files).
+OWN_FILES_RECORD = ".clusterformer-files.json"
+#: Prefix of the hidden folder a write stages its files in, inside the output folder (so every rename is atomic).
+STAGING_PREFIX = ".clusterformer-write-"
+#: Names that are always the model's own (records of this library's state, never the user's).
+_ALWAYS_OWN = (OWN_FILES_RECORD,)
+
+
+def output_folder(path: str | os.PathLike) -> Path:
+    """The real folder a write into ``path`` goes to: a symlinked folder's target (the link itself stays)."""
+    path = Path(path)
+    return path.resolve() if path.is_symlink() else path
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def library_files(folder: str | os.PathLike) -> dict[str, str]:
+    """The files this library wrote into ``folder`` by name, each with its SHA-256 as written (empty without a
+    record)."""
+    try:
+        record = json.loads((Path(folder) / OWN_FILES_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    files = record.get("files") if isinstance(record, dict) else None
+    return {k: v for k, v in files.items() if isinstance(v, str)} if isinstance(files, dict) else {}
+
+
+def is_trainer_checkpoint(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a Trainer checkpoint folder (``checkpoint-*`` holding its ``trainer_state.json``)."""
+    path = Path(path)
+    return (path.name.startswith("checkpoint-") and not path.is_symlink() and path.is_dir()
+            and (path / "trainer_state.json").is_file())
+
+
+def written_by_library(folder: str | os.PathLike, name: str, record: dict[str, str] | None = None) -> bool:
+    """Whether ``folder/name`` is this library's own, unchanged since written: a file in its record
+    (`library_files`) with the same SHA-256, a generated card that was not edited, or a Trainer checkpoint."""
+    path = Path(folder) / name
+    if path.is_symlink():
+        return False
+    if name == "README.md" and _readme_state(Path(folder)) == "generated":
+        return True
+    if path.is_dir():
+        return is_trainer_checkpoint(path)
+    record = library_files(folder) if record is None else record
+    try:
+        return name in record and _sha256(path) == record[name]
+    except OSError:
+        return False
+
+
+def _foreign(folder: Path, names: Sequence[str], record: dict[str, str]) -> list[str]:
+    """Those of ``names`` that exist in ``folder`` and are not this library's own (symlinks included)."""
+    return [name for name in names if ((folder / name).exists() or (folder / name).is_symlink())
+            and not written_by_library(folder, name, record)]
+
+
+def check_own_files(folder: str | os.PathLike, names: Sequence[str], overwrite: bool = False,
+                    option: str = "overwrite=True") -> None:
+    """Raise `ModelFolderExistsError` naming the first of ``names`` (files a model is about to write) that exists
+    in ``folder`` and was not written by this library (or is a symlink), unless ``overwrite``."""
+    folder = output_folder(folder)
+    if overwrite or not folder.is_dir():
+        return
+    foreign = _foreign(folder, names, library_files(folder))
+    if foreign:
+        name = foreign[0]
+        what = "is a symlink" if (folder / name).is_symlink() else "is yours (not written by hf_clusterformer)"
+        more = f" (and {', '.join(foreign[1:])})" if len(foreign) > 1 else ""
+        raise ModelFolderExistsError(
+            f"{folder / name}{more} {what}, and the new model would replace it; pass {option} to replace it, "
+            "move it away, or give another folder."
+        )
+
+
+#: Files every saved model writes, checked before a write starts (a refusal costs nothing); the rest are checked
+#: before the new files are put in place.
+EXPECTED_FILES = ("config.json", "model.safetensors", *CODE_FILES, "tokenizer.json", "tokenizer_config.json",
+                  "special_tokens_map.json")
+
+
 @contextlib.contextmanager
-def _terminate_cleanly() -> Iterator[dict[str, bool]]:
+def _terminate_cleanly() -> Iterator[dict[str, Any]]:
     """Within the block, SIGTERM raises `_Terminated` (so that ``finally`` clauses run, as for SIGINT) unless the
-    returned state's ``"committing"`` is set, when it is noted in ``"pending"`` and acted on after the block. Where
+    returned state's ``"committing"`` is set, when SIGTERM and SIGINT are noted in ``"pending"`` and acted on after
+    the block (the process ends by SIGTERM; SIGINT raises `WriteInterrupted`), with ``"said"`` written first. Where
     SIGTERM already has a handler of its own (or outside the main thread) nothing changes."""
-    state = {"committing": False, "pending": False}
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+    state: dict[str, Any] = {"committing": False, "pending": None, "said": ""}
+    if threading.current_thread() is not threading.main_thread():
         yield state
         return
+    own_term = signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    previous_int = signal.getsignal(signal.SIGINT)
 
     def handler(signum, frame):
         if state["committing"]:
-            state["pending"] = True
-        else:
+            state["pending"] = signum
+        elif signum == signal.SIGTERM:
             raise _Terminated()
+        else:
+            raise KeyboardInterrupt()
 
-    signal.signal(signal.SIGTERM, handler)
+    if own_term:
+        signal.signal(signal.SIGTERM, handler)
+    if previous_int is signal.default_int_handler:
+        signal.signal(signal.SIGINT, handler)
     try:
         yield state
     except _Terminated:
-        state["pending"] = True
+        state["pending"] = signal.SIGTERM
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        if state["pending"]:  # the folder is cleaned up (or complete): end as SIGTERM would have
-            os.kill(os.getpid(), signal.SIGTERM)
-            raise SystemExit(128 + signal.SIGTERM)
+        if own_term:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if previous_int is signal.default_int_handler:
+            signal.signal(signal.SIGINT, previous_int)
+    if state["pending"] == signal.SIGTERM:  # the folder is as it was (or complete): end as SIGTERM would have
+        if state["said"]:
+            print(state["said"], file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise SystemExit(128 + signal.SIGTERM)
+    if state["pending"] == signal.SIGINT:
+        raise WriteInterrupted(state["said"])
+
+
+def _remove_leftovers(folder: Path) -> None:
+    """Remove the staging folders of writes that were killed (SIGKILL, a power cut) before they finished, saying so."""
+    for leftover in sorted(folder.glob(STAGING_PREFIX + "*")):
+        if leftover.is_dir() and not leftover.is_symlink():
+            shutil.rmtree(leftover, ignore_errors=True)
+            print(f"removed {leftover}, left by a write into {folder} that was killed before it finished",
+                  file=sys.stderr)
 
 
 @contextlib.contextmanager
-def writing_model_dir(path: str | os.PathLike, overwrite: bool = False, option: str = "overwrite=True") -> Iterator[Path]:
-    """Write a model into a sibling temporary folder, then put it in place of ``path`` in one rename.
+def writing_model_dir(
+    path: str | os.PathLike, overwrite: bool = False, option: str = "overwrite=True", *, check: bool = True,
+) -> Iterator[Path]:
+    """The one way a model (or a run's files) is written into a folder: into a hidden staging folder inside it,
+    then each file put in place on its own by an atomic rename.
 
-    Refuses (before anything is written) a ``path`` that holds a model unless ``overwrite``; with it, the old model's
-    own files (`owned_by_model`: config, weights, tokenizer, card, records, Trainer checkpoints) are replaced and
-    every other file in the folder is kept. A folder without a model keeps all its files that the new model does not
-    write. A failure or interruption removes the temporary folder and leaves ``path`` as it was. The folder gets the
-    usual mode (`default_mode`), not the temporary folder's 0700. SIGTERM is handled as SIGINT is (the temporary
-    folder goes, then the process ends by the signal), except while the new folder is put in place, which it
-    finishes first.
+    The folder itself is never replaced: a symlinked ``path`` is written through to its target, and the folder's
+    mode, owner, group and other files stay. Refuses (before anything is written, unless ``check`` is false) a
+    folder that holds a model unless ``overwrite``; and, before anything is put in place, a file the new model
+    writes that exists and is not this library's own (`written_by_library`; symlinks included) unless
+    ``overwrite`` (then a symlink is replaced, never written through). With ``overwrite`` the old model's own files
+    the new one does not write, and its Trainer checkpoints, are removed; nothing else is. New files get the usual
+    mode (`default_mode`) and are recorded in `OWN_FILES_RECORD`.
+
+    A failure or Ctrl-C / SIGTERM before the files are put in place leaves the folder as it was, except that the
+    Trainer checkpoints of an interrupted run are kept; one while they are put in place is held until they all
+    are. Either way the `WriteInterrupted` (or, for SIGTERM, the line on stderr) says which model the folder holds.
     """
-    path = Path(path)
-    check_output_dir(path, overwrite, option)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    target = output_folder(path)
+    check_output_dir(path, overwrite or not check, option)
+    created = not target.exists()
+    target.mkdir(parents=True, exist_ok=True)
+    _remove_leftovers(target)
+    check_own_files(target, EXPECTED_FILES if check else (), overwrite, option)
     with _terminate_cleanly() as termination:
-        staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
+        staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=target))
         try:
-            yield staging
+            try:
+                yield staging
+            except BaseException as error:
+                kept = _keep_checkpoints(staging, target)
+                if isinstance(error, (KeyboardInterrupt, _Terminated)):
+                    termination["said"] = _interrupted_line(target, created, kept)
+                    if isinstance(error, KeyboardInterrupt) and not isinstance(error, WriteInterrupted):
+                        raise WriteInterrupted(termination["said"]) from None
+                raise
+            check_own_files(target, [p.name for p in staging.iterdir()], overwrite, option)
             termination["committing"] = True
-            _put_in_place(staging, path)
+            _put_in_place(staging, target, replace_model=overwrite and holds_model(staging))
+            termination["said"] = f"interrupted after {target} was written in full (the new model)"
         finally:
-            if staging.exists() and not termination["committing"]:  # once committing, it may hold the user's files
-                shutil.rmtree(staging, ignore_errors=True)
+            shutil.rmtree(staging, ignore_errors=True)
+            if created and not any(target.iterdir()):
+                target.rmdir()
 
 
-def _put_in_place(staging: Path, path: Path) -> None:
-    """`writing_model_dir`'s last step: the files of ``path`` that stay move into ``staging``, which takes its place."""
-    os.chmod(staging, default_mode(directory=True))
-    if path.is_dir():
-        replaced = holds_model(path)  # the old model's own files go with it
-        for child in path.iterdir():
-            if not (staging / child.name).exists() and not (replaced and owned_by_model(child.name)):
-                os.replace(child, staging / child.name)
-    previous = None
-    if path.exists():
-        previous = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
-        os.replace(path, previous / "model")
-    os.replace(staging, path)
-    if previous is not None:
-        shutil.rmtree(previous, ignore_errors=True)
+def _interrupted_line(target: Path, created: bool, kept: list[str]) -> str:
+    """What an interrupted write says: the folder is as it was, and which of the run's checkpoints were kept."""
+    line = f"interrupted: {target} is left as it was" + ("" if created else " (its earlier files kept)")
+    return line + (f"; this run's checkpoints {', '.join(kept)} are kept in it" if kept else "")
+
+
+def _keep_checkpoints(staging: Path, target: Path) -> list[str]:
+    """Move the Trainer checkpoints of an interrupted run from ``staging`` into ``target`` (where no folder of the
+    user's has their name; a Trainer checkpoint of the same name is replaced); their names."""
+    kept = []
+    for checkpoint in sorted(staging.glob("checkpoint-*")):
+        destination = target / checkpoint.name
+        if not is_trainer_checkpoint(checkpoint):
+            continue
+        if destination.exists() or destination.is_symlink():
+            if not is_trainer_checkpoint(destination):
+                continue
+            shutil.rmtree(destination)
+        os.replace(checkpoint, destination)
+        kept.append(checkpoint.name)
+    return kept
+
+
+def _put_in_place(staging: Path, target: Path, replace_model: bool) -> None:
+    """`writing_model_dir`'s last step: each entry of ``staging`` replaces its namesake in ``target`` by a rename
+    (a replaced folder is moved aside first); with ``replace_model``, the old model's own files and Trainer
+    checkpoints that were not replaced go; then the record of the library's files is updated."""
+    record = library_files(target)
+    file_mode, folder_mode = default_mode(), default_mode(directory=True)
+    aside = Path(tempfile.mkdtemp(prefix=".replaced-", dir=staging))
+    names = sorted(p.name for p in staging.iterdir() if p != aside and p.name != OWN_FILES_RECORD)
+    written = {name: _sha256(staging / name) for name in names if (staging / name).is_file()}
+    if replace_model:  # the old model's own files that the new one does not write
+        for name in sorted(os.listdir(target)):
+            if name in names or name.startswith(STAGING_PREFIX) or name == OWN_FILES_RECORD:
+                continue
+            if written_by_library(target, name, record) and (name in record or is_trainer_checkpoint(target / name)):
+                os.replace(target / name, aside / name)
+                record.pop(name, None)
+    for name in names:
+        source, destination = staging / name, target / name
+        os.chmod(source, folder_mode if source.is_dir() else file_mode)
+        if source.is_dir() and (destination.is_dir() and not destination.is_symlink()):
+            os.replace(destination, aside / name)
+        os.replace(source, destination)
+    record = {name: digest for name, digest in record.items() if (target / name).is_file()}
+    record.update(written)
+    record_file = staging / OWN_FILES_RECORD
+    record_file.write_text(json.dumps({"files": dict(sorted(record.items()))}, indent=1) + "\n", encoding="utf-8")
+    os.chmod(record_file, file_mode)
+    os.replace(record_file, target / OWN_FILES_RECORD)
+
+
+def write_file(path: str | os.PathLike, data: str | bytes, overwrite: bool = False, option: str = "overwrite=True",
+               own: bool = False) -> Path:
+    """Write one file atomically (a temporary file beside it, then a rename), with the usual mode. A symlink at
+    ``path`` is refused unless ``overwrite``, and then the link is replaced, never written through. ``own``: record
+    the file as this library's (`OWN_FILES_RECORD` of its folder), as a model's card is."""
+    path = Path(path)
+    if path.is_symlink() and not overwrite:
+        raise ModelFolderExistsError(f"{path} is a symlink; pass {option} to replace the link (its target is never "
+                                     "written), or give another path.")
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(raw)
+        os.chmod(temporary, default_mode())
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+    if own:
+        record = library_files(path.parent)
+        record[path.name] = hashlib.sha256(raw).hexdigest()
+        write_file(path.parent / OWN_FILES_RECORD, json.dumps({"files": dict(sorted(record.items()))}, indent=1) + "\n",
+                   overwrite=True)
+    return path
+
+
+def last_checkpoint(folder: str | os.PathLike) -> str | None:
+    """The Trainer checkpoint in ``folder`` with the most steps (``resume_from_checkpoint=True``), or None."""
+    found = [p for p in Path(folder).glob("checkpoint-*") if p.name[11:].isdigit() and is_trainer_checkpoint(p)]
+    return str(max(found, key=lambda p: int(p.name[11:]))) if found else None
 
 
 @contextlib.contextmanager
@@ -275,20 +495,20 @@ def run_output_dir(training_args: Any, overwrite: bool, check_records: bool = Tr
     """The write rule of a training run's ``training_args.output_dir`` (a `transformers.TrainingArguments`).
 
     Training (not resuming) into a folder that holds a model or a run's records (`RESULT_FILES`) is refused unless
-    ``overwrite``; with it, the run writes into a sibling folder (``training_args.output_dir`` points there inside the
-    block) that replaces the old model's own files in one rename when the block ends (`writing_model_dir`). An
-    evaluation keeps an earlier run's records unless ``overwrite`` (when ``check_records``).
+    ``overwrite``; an evaluation keeps an earlier run's records unless ``overwrite`` (when ``check_records``). The
+    run writes into a staging folder (``training_args.output_dir`` points there inside the block) whose files are
+    put in place when the block ends (`writing_model_dir`); an interrupted run keeps its Trainer checkpoints.
     """
     output_dir = training_args.output_dir
-    training = training_args.do_train and not training_args.resume_from_checkpoint
+    resume = training_args.resume_from_checkpoint
+    training = training_args.do_train and not resume
     if training:
         check_output_dir(output_dir, overwrite, "--overwrite", results=RESULT_FILES)
     elif check_records and not training_args.do_train:
         check_result_files(output_dir, RESULT_FILES, overwrite, "--overwrite")
-    if not (training and holds_model(output_dir)):
-        yield
-        return
-    with writing_model_dir(output_dir, overwrite=True) as staging:
+    if resume is True or (isinstance(resume, str) and resume.lower() == "true"):
+        training_args.resume_from_checkpoint = last_checkpoint(output_folder(output_dir)) or resume
+    with writing_model_dir(output_dir, overwrite=overwrite, option="--overwrite", check=training) as staging:
         training_args.output_dir = str(staging)
         try:
             yield

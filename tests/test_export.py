@@ -23,6 +23,7 @@ from hf_clusterformer.export import (
     export_program,
     load_exported,
     load_for_export,
+    output_names,
     program_metadata,
     write_program,
 )
@@ -198,6 +199,34 @@ def test_left_padding_and_another_head(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(program(ids, mask)["logits"], model(input_ids=ids, attention_mask=mask).logits,
                                    atol=1e-4, rtol=0)
+
+
+#: The heads no other test here exports, each with the formats it is checked in (every head exports: QA, sequence
+#: classification and multiple choice above).
+OTHER_HEADS = {
+    "ClusterFormerForMaskedLM": ("model.pt2", "model.onnx", "int8.onnx"),
+    "ClusterFormerForTokenClassification": ("model.pt2",),
+    "ClusterFormerModel": ("model.pt2",),
+}
+
+
+@pytest.mark.parametrize("name", OTHER_HEADS)
+def test_every_head_exports_equal_to_eager(name, tmp_path):
+    """The fill-mask head (a single text per row: its prefix width is always one) exported to every format, and the
+    token-classification head and the base model, give eager's outputs on a padded batch of single texts."""
+    model = fitted_model(EXPORT_CLASSES[name], 2)
+    program = export_program(model)
+    generator = torch.Generator().manual_seed(5)
+    rows = [[0, *torch.randint(4, 100, (n,), generator=generator).tolist(), 2] for n in (30, 7, 60)]
+    ids, mask = pad_batch(rows)
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask)
+    for file in OTHER_HEADS[name]:
+        kind, quantize = ("torch", None) if file.endswith(".pt2") else ("onnx", "int8" if "int8" in file else None)
+        outputs = load_exported(write_program(program, tmp_path / file, kind, program_metadata(model),
+                                              quantize=quantize))(ids, mask)
+        for output in output_names(model)[:1]:
+            torch.testing.assert_close(outputs[output], expected[output], atol=0.05 if quantize else 1e-4, rtol=0)
 
 
 def test_bad_input_is_one_line(tmp_path):

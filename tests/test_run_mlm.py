@@ -137,3 +137,33 @@ def test_outside_window_matches_a_direct_count(run_mlm):
         expected.append(any(shown[q] == ids[position] and q not in covered for q in range(length)))
     assert run_mlm.outside_window(shown, labels, size, stride).tolist() == expected
     assert 0 < sum(expected) < len(expected)
+
+
+def test_masking_never_draws_a_special_token_and_evaluation_passes_its_mask(run_mlm):
+    """Row: ``--do_train --do_eval`` on ordinary text failed with "attention_mask row 0 mixes padding into the
+    tokens": BERT's random replacement drew the pad id and the evaluation called the model without its mask."""
+    from hf_clusterformer.data.tokenizer import build_tokenizer
+
+    tokenizer = build_tokenizer(["a b c d e f g h i j k l m n o p"] * 4, vocab_size=300)
+    special = set(tokenizer.all_special_ids) - {tokenizer.mask_token_id}
+    blocks = run_mlm.cut_blocks(["a b c d e f g h i j k l m n o p " * 8], tokenizer, 64, 8, None)
+    collator = run_mlm.MlmCollator(tokenizer, 0.9)
+    for _ in range(20):
+        batch = collator([{"input_ids": ids} for ids in blocks["input_ids"]])
+        inside = batch["input_ids"][:, 1:-1][batch["labels"][:, 1:-1] != -100]
+        assert not set(inside.tolist()) & special
+    held_out = run_mlm.mask_once(blocks, tokenizer, 0.9, seed=0)
+    masked = torch.tensor(held_out["input_ids"][0])[torch.tensor(held_out["labels"][0]) != -100]
+    assert not set(masked.tolist()) & special
+    row = {"input_ids": list(blocks["input_ids"][0]), "attention_mask": list(blocks["attention_mask"][0])}
+    row["input_ids"][5] = tokenizer.pad_token_id  # a pad id among the tokens (as an older masking drew) is a token
+    row["labels"] = [-100] * len(row["input_ids"])
+    row["labels"][5] = row["input_ids"][6]
+    config = dict(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                  intermediate_size=64, window_size=16, window_stride=12, cluster_layers=[1], num_clusters=4,
+                  max_question_length=8, max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id)
+    model = ClusterFormerForMaskedLM(hf_clusterformer.ClusterFormerConfig(**config))
+    import datasets
+
+    scores = run_mlm.evaluate_blocks(model, datasets.Dataset.from_list([row]))
+    assert scores["masked_tokens"] == 1 and scores["loss"] > 0

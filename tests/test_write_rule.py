@@ -195,15 +195,20 @@ def test_convert_overwrite_keeps_the_files_a_model_does_not_own(work, roberta_qa
     (out / "notes.txt").write_text("mine", encoding="utf-8")
     (out / "logs").mkdir()
     (out / "logs" / "run.log").write_text("log", encoding="utf-8")
-    (out / "checkpoint-7").mkdir()  # the old model's Trainer state goes with it
+    (out / "checkpoint-7").mkdir()  # the old model's Trainer state goes with it; a folder of the user's stays
+    (out / "checkpoint-7" / "trainer_state.json").write_text("{}", encoding="utf-8")
+    (out / "checkpoint-notes").mkdir()
+    (out / "checkpoint-notes" / "notes.txt").write_text("mine", encoding="utf-8")
     _error(capsys, ["convert", str(roberta_qa), str(out), *SMALL, "--num-clusters", "8"], "--overwrite")
     result = _command("convert", str(roberta_qa), str(out), *SMALL, "--num-clusters", "8", "--overwrite")
     assert result.returncode == 0, result.stderr[-3000:]
     assert (out / "notes.txt").read_text(encoding="utf-8") == "mine"
     assert (out / "logs" / "run.log").read_text(encoding="utf-8") == "log"
     assert not (out / "checkpoint-7").exists()
+    assert (out / "checkpoint-notes" / "notes.txt").read_text(encoding="utf-8") == "mine"
     assert json.loads((out / "config.json").read_text(encoding="utf-8"))["num_clusters"] == 8
     assert sorted(p.name for p in work.iterdir() if p.name.startswith(".convert-twice.")) == []
+    assert [p.name for p in out.iterdir() if p.name.startswith(".clusterformer-write-")] == []
 
 
 def test_save_for_hub_overwrite_keeps_the_users_files(tmp_path, tokenizer):
@@ -666,15 +671,17 @@ def test_example_scripts_follow_the_write_rule(hub_model, tmp_path, monkeypatch)
     assert (records / "all_results.json").read_text(encoding="utf-8") == '{"mine": 1}'
     qa = tmp_path / "qa"
     shutil.copytree(hub_model, qa)
-    (qa / "eval_predictions.json").write_text("{}", encoding="utf-8")
+    (qa / "eval_predictions.json").write_text("{}", encoding="utf-8")  # written by hand: the user's
     (qa / "checkpoint-5").mkdir()
+    (qa / "checkpoint-5" / "trainer_state.json").write_text("{}", encoding="utf-8")  # a Trainer checkpoint
     (qa / "notes.txt").write_text("mine", encoding="utf-8")
     assert (qa / "pipeline.py").is_file() and "question-answering" in (qa / "README.md").read_text(encoding="utf-8")
     run_mlm.main([*tiny, "--output_dir", str(qa), "--overwrite"])
     left = sorted(p.name for p in qa.iterdir())
     assert "notes.txt" in left and json.loads((qa / "config.json").read_text())["architectures"] == [
         "ClusterFormerForMaskedLM"]
-    assert not {"README.md", "pipeline.py", "eval_predictions.json", "checkpoint-5"} & set(left), left
+    assert not {"README.md", "pipeline.py", "checkpoint-5"} & set(left), left
+    assert (qa / "eval_predictions.json").read_text(encoding="utf-8") == "{}"
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".qa.")) == []
     from hf_clusterformer import ClusterFormerForMaskedLM
 

@@ -9,10 +9,12 @@ are fitted as soon as enough states are banked, then refitted every epoch (and/o
 from __future__ import annotations
 
 import logging
+import math
 import os
 from dataclasses import asdict
 from typing import Any
 
+import torch
 from safetensors.torch import load_file, save_file
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_callback import ExportableState
@@ -22,7 +24,7 @@ from .kmeans import ClusterStats
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CentroidUpdateCallback"]
+__all__ = ["CentroidUpdateCallback", "FiniteTrainingCallback", "NonFiniteTrainingError"]
 
 #: File (one per rank) holding the memory banks inside a checkpoint folder when ``save_memory_bank=True``.
 BANK_FILE = "centroid_memory_bank-rank{rank}.safetensors"
@@ -234,3 +236,41 @@ class CentroidUpdateCallback(TrainerCallback, ExportableState):
                 self.updater.load_banks_state_dict(load_file(path))
                 return
         logger.warning("No saved memory bank found in %s; banks restart empty.", folders)
+
+
+class NonFiniteTrainingError(ValueError):
+    """Training met a non-finite (NaN or inf) gradient or weight and was stopped (`FiniteTrainingCallback`)."""
+
+
+def _first_non_finite(tensors) -> str | None:
+    """The name of the first of ``(name, tensor)`` pairs holding a NaN or inf (one sum over all of them first)."""
+    tensors = [(name, t) for name, t in tensors if t is not None and t.is_floating_point()]
+    if not tensors or math.isfinite(float(sum(t.detach().float().sum() for _, t in tensors))):
+        return None
+    return next((name for name, t in tensors if not bool(torch.isfinite(t.detach()).all())), tensors[0][0])
+
+
+class FiniteTrainingCallback(TrainerCallback):
+    """Stops training with one line (`NonFiniteTrainingError`) at the first non-finite gradient (checked before the
+    optimizer step applies it) or weight (after it), before anything of that step is saved: a diverged run leaves
+    its earlier checkpoints and no broken model."""
+
+    def on_pre_optimizer_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                              model: Any = None, **kwargs: Any) -> None:
+        if model is not None:
+            self._check(args, state, "gradient", ((n, p.grad) for n, p in model.named_parameters()))
+
+    def on_optimizer_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                          model: Any = None, **kwargs: Any) -> None:
+        if model is not None:
+            self._check(args, state, "weights", model.named_parameters())
+
+    @staticmethod
+    def _check(args: TrainingArguments, state: TrainerState, what: str, tensors) -> None:
+        name = _first_non_finite(list(tensors))
+        if name is not None:
+            raise NonFiniteTrainingError(
+                f"training stopped at step {state.global_step + 1}: the {what} of {name} became NaN or inf (the loss "
+                f"diverged), so no model was saved from this run; lower --learning_rate (it is "
+                f"{args.learning_rate:g}) or check the data, and train again."
+            )

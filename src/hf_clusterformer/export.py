@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from torch import nn
 
 from hf_clusterformer_cli_support import convert_command
@@ -48,6 +49,7 @@ from .modeling_clusterformer import (
     ClusterFormerPreTrainedModel,
     check_input_tensors,
     locate_rows,
+    non_finite_weights,
 )
 from .pipeline import check_checkpoint_source, untrained_weights
 
@@ -181,7 +183,9 @@ def export_program(model: ClusterFormerPreTrainedModel, length: int | None = Non
         ids, mask = example_inputs(model.config, length)
         dims = {0: batch, 1: tokens}
     inputs = program_inputs(model.config, ids, mask, model.input_format)
-    sizes = {"num_windows": {0: Dim("num_windows", min=1)}, "prefix_width": {0: Dim("prefix_width")}}
+    # a single-text head's prefix is ``<s>`` alone in every batch: its width is one, not a dimension of the program
+    width = Dim.STATIC if model.input_format == "single" else Dim("prefix_width")
+    sizes = {"num_windows": {0: Dim("num_windows", min=1)}, "prefix_width": {0: width}}
     with torch.no_grad():
         return torch.export.export(
             ExportedHead(model), inputs, dynamic_shapes={"input_ids": dims, "attention_mask": dims, **sizes},
@@ -218,7 +222,7 @@ def load_for_export(path: str | os.PathLike) -> ClusterFormerPreTrainedModel:
                           f"{', '.join(EXPORT_CLASSES)}.")
     try:
         model = EXPORT_CLASSES[names[0]].from_pretrained(path)
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, SafetensorError) as error:
         raise ExportError(f"could not load the weights of {path}: {error}") from error
     return model.eval()
 
@@ -272,6 +276,10 @@ def export_model(
                               "pip install 'hf-clusterformer[onnx]' (or --format torch).")
     if not isinstance(model, nn.Module):
         model = load_for_export(model)
+    broken = non_finite_weights(model)
+    if broken:
+        raise ExportError(f"the model's weights hold NaN or inf ({len(broken)} tensors: {', '.join(broken[:3])}), so "
+                          "its outputs would be meaningless; export an earlier checkpoint, or train it again.")
     untrained = untrained_weights(model)
     if untrained and not allow_untrained:
         raise ExportError(f"the model's {', '.join(untrained)} were never trained, so its outputs are random; train it "

@@ -212,8 +212,8 @@ def save_for_hub(
         card_data: keyword arguments for `make_model_card` (``model_id``, ``base_model``, ``datasets``,
             ``results``, ``centroid_fitting``, ...); the centroid state is read from the model.
         max_shard_size: safetensors shard size.
-        overwrite: replace a model already in ``save_dir`` (the whole folder, in one rename); without it such a
-            folder is refused with `ModelFolderExistsError`.
+        overwrite: replace a model already in ``save_dir`` (and files of the user's with a model file's name; other
+            files are kept, `writing_model_dir`); without it such a folder is refused with `ModelFolderExistsError`.
 
     Returns:
         The directory. Raises `ValueError` if the result fails `check_hub_checkpoint` (``save_dir`` is then left

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from hf_clusterformer_cli_support import HEAD_TASKS, CommandError, OneLineParser, architectures_task, convert_command
-from hf_clusterformer_files import GENERATED_MARK, card_state, owned_by_model, stamp_card
+from hf_clusterformer_files import GENERATED_MARK, card_state, owned_by_model, stamp_card, write_file
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from .configuration_clusterformer import ClusterFormerConfig
@@ -593,7 +593,7 @@ def _write_card(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         return 0
     _check_card_target(out, card, args.overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(card, encoding="utf-8")
+    write_file(out, card, args.overwrite, "--overwrite", own=out.name == "README.md")
     if args.save_spec:
         if not args.spec:
             parser.error("--save-spec needs --spec")

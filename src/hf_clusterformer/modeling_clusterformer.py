@@ -968,6 +968,16 @@ class ClusterFormerKwargs(TransformersKwargs, total=False):
 LEGACY_KEY_MAPPING = {r"encoder\.routers\.(\d+)\.": r"encoder.layer.\1.router."}
 
 
+def non_finite_weights(model: nn.Module) -> list[str]:
+    """Names of the floating-point parameters and buffers of ``model`` holding a NaN or inf (empty when all are
+    finite; tensors on the meta device are skipped)."""
+    tensors = [(name, t) for name, t in [*model.named_parameters(), *model.named_buffers()]
+               if t.is_floating_point() and t.device.type != "meta"]
+    if not tensors or math.isfinite(float(sum(t.detach().float().sum() for _, t in tensors))):
+        return []
+    return [name for name, t in tensors if not bool(torch.isfinite(t.detach()).all())]
+
+
 def _record_new_weights(model: nn.Module, missing_keys) -> None:
     """Record the parameters `from_pretrained` initialised because the checkpoint lacks them (router buffers aside)
     as untrained in ``model.config``, with those recorded before that are still untrained: the record of
@@ -1032,6 +1042,13 @@ class ClusterFormerPreTrainedModel(RobertaPreTrainedModel):
             kept = [c for c in conversions if not set(getattr(c, "source_patterns", None) or ()) & set(LEGACY_KEY_MAPPING)]
             model._weight_conversions = kept or None
         _record_new_weights(model, info["missing_keys"])
+        broken = non_finite_weights(model)
+        if broken:
+            raise ValueError(
+                f"{args[0] if args else 'the checkpoint'} holds weights that are NaN or inf ({len(broken)} tensors: "
+                f"{', '.join(broken[:3])}{', ...' if len(broken) > 3 else ''}), so every answer from it would be "
+                "meaningless; use an earlier checkpoint, or train again (with a lower learning rate if it diverged)."
+            )
         return (model, info) if loading_info else model
 
     @classmethod
@@ -1737,6 +1754,7 @@ class ClusterFormerForMultipleChoice(ClusterFormerPreTrainedModel):
 
 
 __all__ = [
+    "non_finite_weights",
     "ClusterFormerForMaskedLM",
     "ClusterFormerForMultipleChoice",
     "ClusterFormerForQuestionAnswering",

@@ -208,8 +208,8 @@ def pack_pretrained(
 ) -> Path:
     """Write a float16 copy of a verified model into ``dst`` (half the bytes), with a manifest of both hashes.
 
-    The folder is written all at once (`hf_clusterformer_files.writing_model_dir`): a ``dst`` that already holds a
-    model is refused unless ``overwrite`` (then only the model's own files are replaced; other files are kept), and
+    The folder is written by `hf_clusterformer_files.writing_model_dir`: a ``dst`` that already holds a model (or a
+    file of the user's that the model would replace) is refused unless ``overwrite`` (other files are kept), and
     a ``dst`` that is a file is refused. The weights get the usual mode (`default_mode`), not safetensors' 0600.
     """
     import torch

@@ -29,7 +29,7 @@ from transformers import (
 
 from hf_clusterformer_files import run_output_dir
 
-from .callback import CentroidUpdateCallback
+from .callback import CentroidUpdateCallback, FiniteTrainingCallback
 from .centroid_updates import SMALL_MODEL_CENTROIDS, CentroidUpdateSettings
 from .configuration_clusterformer import (
     LAYER_KIND_SHORTCUTS,
@@ -79,8 +79,8 @@ def _model_arguments() -> type:
         "intermediate_size": "From scratch: feed-forward size.",
         "vocab_size": "From scratch: size of the BPE vocabulary built on the data.",
         "dropout": "Hidden and attention dropout.",
-        "overwrite": "Train into an output_dir that already holds a model: replace its files (in one rename at the "
-                     "end; other files are kept); evaluate into one that holds a run's all_results.json: replace it.",
+        "overwrite": "Train into an output_dir that already holds a model: replace its files (each put in place when "
+                     "the run ends; other files are kept); evaluate into one that holds a run's all_results.json: replace it.",
         "allow_untrained": "Evaluate even a QA head that was never trained (smoke tests).",
     }
     before = [
@@ -431,7 +431,7 @@ def make_trainer(model, training_args: TrainingArguments, train_features, tokeni
         train_dataset=train_features,
         data_collator=DataCollatorWithPadding(tokenizer),
         processing_class=tokenizer,
-        callbacks=callbacks,
+        callbacks=[*callbacks, FiniteTrainingCallback()],
     )
     for callback in callbacks:
         if isinstance(callback, CentroidUpdateCallback):
@@ -507,8 +507,8 @@ def run(
 
     Training into an ``output_dir`` that holds a model or a run's records (`hf_clusterformer.hub.RESULT_FILES`) is
     refused (`hf_clusterformer.hub.ModelFolderExistsError`) unless ``model_args.overwrite`` (or
-    ``resume_from_checkpoint``); with it, the run writes into a sibling folder that replaces the old model's files in
-    ``output_dir`` in one rename when the run ends (other files are kept). An evaluation writes its records over
+    ``resume_from_checkpoint``); the run writes into a staging folder whose files are put in place in ``output_dir``
+    when the run ends (`hf_clusterformer_files.writing_model_dir`: only the library's own files are replaced). An evaluation writes its records over
     earlier ones (`main`, the command, refuses that without ``--overwrite``).
 
     Returns the metrics dict (train loss/time, eval EM/F1, truncation counts).

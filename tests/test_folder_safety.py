@@ -1,0 +1,237 @@
+"""Nothing a user made is lost: every writer writes into the output folder as it is (a symlinked folder's target, its
+mode, owner and other files kept, each file put in place by its own rename), replaces only the library's own files
+without ``--overwrite``, removes with it only the library's own files and Trainer checkpoints, and an interrupted
+write says what the folder holds. Broken (NaN) weights are never saved, loaded or exported."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import squad_jsonl, tiny_config
+from safetensors.torch import load_file, save_file
+from transformers import RobertaConfig, RobertaForQuestionAnswering
+
+from hf_clusterformer import ClusterFormerForQuestionAnswering
+from hf_clusterformer.data.tokenizer import build_tokenizer
+from hf_clusterformer.hub import save_for_hub
+from hf_clusterformer_cli import main
+from hf_clusterformer_files import (
+    OWN_FILES_RECORD,
+    ModelFolderExistsError,
+    WriteInterrupted,
+    library_files,
+    writing_model_dir,
+)
+
+SENTENCES = ["Zorvan lives with Melka in the old house by the river.",
+             "Melka lives in Tarsk, a town known for its bridge."]
+QUESTION = "Where does Melka live?"
+CONTEXT = " ".join(SENTENCES[i % 2] for i in range(8))
+SMALL = ["--cluster-layers", "1", "--num-clusters", "4", "--window-size", "32", "--window-stride", "24",
+         "--max-question-length", "16"]
+TINY_TRAIN = [
+    "--hidden_size", "32", "--num_hidden_layers", "2", "--num_attention_heads", "2", "--intermediate_size", "64",
+    "--window_size", "32", "--window_stride", "24", "--max_question_length", "16", "--cluster_layers", "1",
+    "--num_clusters", "4", "--vocab_size", "300", "--per_device_train_batch_size", "2", "--report_to", "none",
+    "--use_cpu", "--seed", "0", "--save_strategy", "no", "--disable_tqdm", "true",
+]
+ENV = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("folders")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer(SENTENCES * 4 + [QUESTION], vocab_size=300)
+
+
+@pytest.fixture(scope="module")
+def roberta(work, tokenizer) -> Path:
+    """A plain tiny RoBERTa QA checkpoint with its tokenizer (what ``convert`` reads)."""
+    config = RobertaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                           intermediate_size=64, max_position_embeddings=514, type_vocab_size=1, pad_token_id=1,
+                           bos_token_id=0, eos_token_id=2)
+    torch.manual_seed(1)
+    path = work / "roberta"
+    RobertaForQuestionAnswering(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def _snapshot(folder: Path) -> dict[str, bytes | str]:
+    """Every file's bytes (a symlink: its target) under ``folder``, by relative name."""
+    return {p.relative_to(folder).as_posix(): (f"-> {os.readlink(p)}" if p.is_symlink() else p.read_bytes())
+            for p in sorted(folder.rglob("*")) if p.is_symlink() or p.is_file()}
+
+
+def _one_line(capsys, argv: list[str], *fragments: str, status: int = 2) -> str:
+    capsys.readouterr()
+    assert main(argv) == status
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("clusterformer: "), lines
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+# -- 1. write into the folder as it is ---------------------------------------------------------------------------------
+
+
+def test_convert_into_a_symlinked_folder_writes_into_its_target(work, roberta, capsys):
+    """Row: ``convert SRC link`` turned ``link`` into a folder and moved the user's notes out of its target."""
+    real, link = work / "real", work / "link"
+    real.mkdir()
+    (real / "notes.txt").write_text("mine", encoding="utf-8")
+    os.chmod(real, 0o700)
+    link.symlink_to(real)
+    assert main(["convert", str(roberta), str(link), *SMALL]) == 0
+    assert link.is_symlink() and os.readlink(link) == str(real)
+    assert (real / "notes.txt").read_text(encoding="utf-8") == "mine"
+    assert (real / "config.json").is_file() and stat.S_IMODE(real.stat().st_mode) == 0o700
+    assert [p.name for p in work.iterdir() if p.name.startswith(".")] == []
+    before = (real / "model.safetensors").read_bytes()
+    assert main(["convert", str(roberta), str(link), *SMALL, "--num-clusters", "8", "--overwrite"]) == 0
+    assert link.is_symlink() and (real / "notes.txt").read_text(encoding="utf-8") == "mine"
+    assert json.loads((real / "config.json").read_text(encoding="utf-8"))["num_clusters"] == 8
+    assert (real / "model.safetensors").read_bytes() != before
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder to another owner needs root")
+def test_convert_keeps_the_folders_mode_owner_and_group(work, roberta):
+    """Row: ``convert`` into an existing folder turned ``nobody:nogroup 2750`` into ``root:root 0755`` (and 0700,
+    0555 into 0755)."""
+    for mode in (0o2750, 0o700, 0o555):
+        folder = work / f"owned-{mode:o}"
+        folder.mkdir()
+        os.chown(folder, 65534, 65534)
+        os.chmod(folder, mode)
+        assert main(["convert", str(roberta), str(folder), *SMALL]) == 0
+        status = folder.stat()
+        assert (stat.S_IMODE(status.st_mode), status.st_uid, status.st_gid) == (mode, 65534, 65534)
+        assert (folder / "config.json").stat().st_gid == (65534 if mode & stat.S_ISGID else 0)
+
+
+def test_save_for_hub_into_a_link_and_a_symlinked_file(tmp_path, tokenizer):
+    """Rows: ``save_for_hub`` into a link replaced it by a folder; a symlinked model file was written through."""
+    model = ClusterFormerForQuestionAnswering(tiny_config(vocab_size=len(tokenizer), window_size=32, window_stride=24,
+                                                          max_question_length=16)).eval()
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "outside.json").write_text("keep", encoding="utf-8")
+    (real / "tokenizer_config.json").symlink_to(tmp_path / "outside.json")
+    (tmp_path / "link").symlink_to(real)
+    with pytest.raises(ModelFolderExistsError, match="tokenizer_config.json.*symlink"):
+        save_for_hub(model, tokenizer, tmp_path / "link")
+    assert sorted(os.listdir(real)) == ["tokenizer_config.json"]
+    save_for_hub(model, tokenizer, tmp_path / "link", overwrite=True)
+    assert (tmp_path / "link").is_symlink() and not (real / "tokenizer_config.json").is_symlink()
+    assert (tmp_path / "outside.json").read_text(encoding="utf-8") == "keep"
+    assert {"config.json", "model.safetensors", "README.md"} <= set(library_files(real))
+
+
+def test_card_overwrite_replaces_a_symlinked_readme_never_its_target(work, roberta, capsys):
+    """Row: ``card --overwrite`` wrote through a README.md symlink onto a file outside the model folder."""
+    folder = work / "card-link"
+    assert main(["convert", str(roberta), str(folder), *SMALL]) == 0
+    outside = work / "elsewhere.md"
+    outside.write_text("not a card", encoding="utf-8")
+    (folder / "README.md").unlink()
+    (folder / "README.md").symlink_to(outside)
+    _one_line(capsys, ["card", str(folder)], "README.md")
+    assert main(["card", str(folder), "--overwrite"]) == 0
+    assert not (folder / "README.md").is_symlink() and outside.read_text(encoding="utf-8") == "not a card"
+
+
+def test_an_interrupted_write_leaves_the_folder_as_it_was_and_says_so(tmp_path):
+    """Ctrl-C while a model is written: the old files stay and the interruption says so (exit 130 from the
+    command); the staging folder goes."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"old": 1}', encoding="utf-8")
+    with pytest.raises(WriteInterrupted, match="left as it was"):
+        with writing_model_dir(folder, overwrite=True) as staging:
+            (staging / "config.json").write_text("{}", encoding="utf-8")
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+    assert sorted(os.listdir(folder)) == ["config.json"]
+    assert (folder / "config.json").read_text(encoding="utf-8") == '{"old": 1}'
+
+
+def test_a_killed_write_is_cleaned_up_by_the_next_one_and_said(tmp_path, capsys):
+    """Row: a SIGKILL left a hidden staging folder nothing mentioned."""
+    folder = tmp_path / "model"
+    (folder / ".clusterformer-write-abc").mkdir(parents=True)
+    with writing_model_dir(folder) as staging:
+        (staging / "config.json").write_text("{}", encoding="utf-8")
+    assert sorted(os.listdir(folder)) == [OWN_FILES_RECORD, "config.json"]
+    assert ".clusterformer-write-abc" in capsys.readouterr().err
+
+
+# -- 2. only the library's own files are replaced ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["pipeline.py", "tokenizer_config.json", "modeling_clusterformer.py"])
+def test_a_users_file_with_a_model_files_name_is_refused_without_overwrite(work, roberta, capsys, name):
+    """Row: convert replaced the user's own ``pipeline.py`` (and tokenizer_config.json, ...) with exit 0."""
+    folder = work / f"users-{name}"
+    folder.mkdir()
+    (folder / name).write_text("mine", encoding="utf-8")
+    before = _snapshot(folder)
+    _one_line(capsys, ["convert", str(roberta), str(folder), *SMALL], name, "--overwrite")
+    assert _snapshot(folder) == before
+    assert main(["convert", str(roberta), str(folder), *SMALL, "--overwrite"]) == 0
+    assert (folder / name).read_text(encoding="utf-8") != "mine"
+
+
+def test_a_converted_folder_is_what_it_was_plus_the_models_files(work, roberta):
+    folder = work / "plus-only"
+    (folder / "logs").mkdir(parents=True)
+    (folder / "logs" / "a.log").write_text("log", encoding="utf-8")
+    (folder / "notes.txt").write_text("mine", encoding="utf-8")
+    before = _snapshot(folder)
+    assert main(["convert", str(roberta), str(folder), *SMALL]) == 0
+    after = _snapshot(folder)
+    assert {k: v for k, v in after.items() if k in before} == before
+    assert set(after) - set(before) == set(library_files(folder)) | {OWN_FILES_RECORD}
+
+
+# -- 3. no answer from broken weights --------------------------------------------------------------------------------
+
+
+def test_a_diverging_training_run_stops_in_one_line_and_saves_nothing(work, capsys):
+    """Row: ``train --learning_rate 1e8`` exited 0 and saved 39 NaN tensors (loss logged as 0.0)."""
+    data = squad_jsonl(work / "train.jsonl", QUESTION, CONTEXT, "Tarsk", 4)
+    out = work / "diverged"
+    line = _one_line(capsys, ["train", "--train_file", str(data), "--output_dir", str(out), "--max_steps", "6",
+                              "--learning_rate", "1e8", *TINY_TRAIN], "NaN or inf", "--learning_rate")
+    assert "training stopped at step" in line
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_nan_weights_are_refused_by_loading_predict_and_export(work, roberta, capsys):
+    """Row: NaN tensors in a hand-corrupted weights file were not noticed (predict answered with score 1.0)."""
+    folder = work / "corrupted"
+    assert main(["convert", str(roberta), str(folder), *SMALL]) == 0
+    tensors = load_file(folder / "model.safetensors")
+    name = next(k for k in tensors if k.endswith("qa_outputs.weight"))
+    tensors[name][0, 0] = float("nan")
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="NaN or inf"):
+        ClusterFormerForQuestionAnswering.from_pretrained(folder)
+    (work / "context.txt").write_text(CONTEXT, encoding="utf-8")
+    _one_line(capsys, ["predict", str(folder), "--question", QUESTION, "--context-file", str(work / "context.txt")],
+              "NaN or inf", str(folder))
+    _one_line(capsys, ["export", str(folder), str(work / "corrupted.pt2")], "NaN or inf")
+    assert not (work / "corrupted.pt2").exists()

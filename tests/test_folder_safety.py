@@ -235,3 +235,27 @@ def test_nan_weights_are_refused_by_loading_predict_and_export(work, roberta, ca
               "NaN or inf", str(folder))
     _one_line(capsys, ["export", str(folder), str(work / "corrupted.pt2")], "NaN or inf")
     assert not (work / "corrupted.pt2").exists()
+
+
+# -- 4. no silent truncation ----------------------------------------------------------------------------------------
+
+
+def test_evaluate_reads_to_the_models_limit_and_says_when_it_cuts(work, roberta, caplog):
+    """Row: ``evaluate`` cut a 22,438-token example to 16,384 tokens (its default) with no word."""
+    import logging
+
+    from hf_clusterformer.configuration_clusterformer import ClusterFormerConfig
+
+    model = work / "evaluated"
+    assert main(["convert", str(roberta), str(model), *SMALL]) == 0
+    limit = ClusterFormerConfig.from_pretrained(model).max_input_length
+    data = squad_jsonl(work / "dev.jsonl", QUESTION, CONTEXT, "Tarsk", 2)
+    base = ["evaluate", "--model_name_or_path", str(model), "--validation_file", str(data), "--allow_untrained",
+            "--report_to", "none", "--use_cpu", "--disable_tqdm", "true"]
+    assert main([*base, "--output_dir", str(work / "eval-default")]) == 0
+    results = json.loads((work / "eval-default" / "all_results.json").read_text(encoding="utf-8"))
+    assert results["data"]["max_seq_length"] == limit and results["metrics"]["eval_contexts_truncated"] == 0
+    with caplog.at_level(logging.WARNING):
+        assert main([*base, "--output_dir", str(work / "eval-cut"), "--max_seq_length", "40"]) == 0
+    assert f"2 of 2 validation contexts were cut at 40 tokens (--max_seq_length; the model reads up to {limit})" \
+        in caplog.text

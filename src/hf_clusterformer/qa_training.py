@@ -134,7 +134,9 @@ class DataArguments:
     context_tokens_max: int = field(default=8000, metadata={"help": "squad-multipassage: longest built context "
                                                                      "(approximate tokens)."})
     dataset_seed: int = field(default=0, metadata={"help": "Seed of the built data (squad-multipassage)."})
-    max_seq_length: int = field(default=16384, metadata={"help": "Tokens per feature (question + context); longer contexts are truncated."})
+    max_seq_length: int | None = field(default=None, metadata={"help": "Tokens per feature (question + context); longer "
+                                                                "contexts are cut, with a warning (default: the "
+                                                                "model's own limit; 16384 from scratch)."})
     max_answer_length: int = field(default=30, metadata={"help": "Longest answer in tokens."})
 
 
@@ -387,11 +389,15 @@ def load_tokenizer(model: ModelArguments, data: DataArguments, raw: datasets.Dat
     name = model.tokenizer_name or model.model_name_or_path
     if name:
         tokenizer = AutoTokenizer.from_pretrained(name)
-        tokenizer.model_max_length = max(tokenizer.model_max_length, data.max_seq_length)
+        tokenizer.model_max_length = max(tokenizer.model_max_length or 0, data.max_seq_length or 0)
         return tokenizer
     split = raw["train"] if "train" in raw else raw["validation"]
     texts = (row["question"] + "\n" + row["context"] for row in split)
     return build_tokenizer(texts, vocab_size=model.vocab_size)
+
+
+#: ``--max_seq_length`` of a model built from scratch when none is given (its ``max_context_length``).
+FROM_SCRATCH_LENGTH = 16384
 
 
 def load_model(model: ModelArguments, data: DataArguments, tokenizer, seed: int = 0) -> ClusterFormerForQuestionAnswering:
@@ -410,7 +416,7 @@ def load_model(model: ModelArguments, data: DataArguments, tokenizer, seed: int 
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         type_vocab_size=1,
-        **{"max_context_length": max(data.max_seq_length, 1), **options},
+        **{"max_context_length": max(data.max_seq_length or FROM_SCRATCH_LENGTH, 1), **options},
     )
     config.max_position_embeddings = required_position_embeddings(
         config.max_question_length, config.window_size, config.pad_token_id
@@ -471,6 +477,11 @@ def predict_answers(
         desc="Tokenizing validation",
     )
     check_question_lengths(features, trainer.model.config, "validation")
+    cut = sum(len(ids) >= data.max_seq_length for ids in features["input_ids"])
+    if cut:
+        logger.warning("%d of %d validation contexts were cut at %d tokens (--max_seq_length; the model reads up to "
+                       "%d): answers past the cut cannot be found.", cut, len(features), data.max_seq_length,
+                       trainer.model.config.max_input_length)
     model_inputs = features.remove_columns([c for c in features.column_names if c not in ("input_ids", "attention_mask")])
     output = trainer.predict(model_inputs)
     start_logits, end_logits = output.predictions[:2]
@@ -482,7 +493,7 @@ def predict_answers(
         predictions=[{"id": k, "prediction_text": v} for k, v in predictions.items()],
         references=[{"id": row["id"], "answers": row["answers"]} for row in examples],
     )
-    return predictions, scores
+    return predictions, {**scores, "contexts_truncated": cut}
 
 
 # -- main ---------------------------------------------------------------------------------------------------------
@@ -548,6 +559,9 @@ def _run(model_args, data_args, centroid_args, training_args, callbacks, name: s
     set_seed(training_args.seed)  # before the model: a from-scratch initialisation follows --seed
     model = load_model(model_args, data_args, tokenizer, seed=training_args.seed)
     logger.info("model: %s", model.config.layer_kinds)
+    if data_args.max_seq_length is None:  # the model's own limit: nothing is cut that the model could read
+        data_args.max_seq_length = model.config.max_input_length
+        tokenizer.model_max_length = max(tokenizer.model_max_length or 0, data_args.max_seq_length)
     if not training_args.do_train:
         check_trained(model, model_args.allow_untrained)
 
@@ -564,7 +578,8 @@ def _run(model_args, data_args, centroid_args, training_args, callbacks, name: s
         trainer.save_model()
     if training_args.do_eval:
         predictions, scores = predict_answers(trainer, raw["validation"], tokenizer, data_args)
-        metrics.update({"eval_exact_match": scores["exact_match"], "eval_f1": scores["f1"], "eval_samples": len(raw["validation"])})
+        metrics.update({"eval_exact_match": scores["exact_match"], "eval_f1": scores["f1"],
+                        "eval_samples": len(raw["validation"]), "eval_contexts_truncated": scores["contexts_truncated"]})
         if trainer.is_world_process_zero():
             os.makedirs(training_args.output_dir, exist_ok=True)
             with open(Path(training_args.output_dir) / "eval_predictions.json", "w", encoding="utf-8") as handle:

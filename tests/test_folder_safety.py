@@ -259,3 +259,30 @@ def test_evaluate_reads_to_the_models_limit_and_says_when_it_cuts(work, roberta,
         assert main([*base, "--output_dir", str(work / "eval-cut"), "--max_seq_length", "40"]) == 0
     assert f"2 of 2 validation contexts were cut at 40 tokens (--max_seq_length; the model reads up to {limit})" \
         in caplog.text
+
+
+# -- 6. centroids ------------------------------------------------------------------------------------------------------
+
+
+def test_dropped_and_never_fitted_centroids_are_said(work, roberta, tokenizer, caplog, tmp_path):
+    """Rows: re-converting a trained model with another --num-clusters dropped its fitted centroids silently;
+    export and the exported runner said nothing of never-fitted centroids."""
+    import logging
+
+    from hf_clusterformer.conversion import convert_checkpoint
+    from hf_clusterformer.export import export_model, load_exported
+
+    model = ClusterFormerForQuestionAnswering(tiny_config(vocab_size=len(tokenizer), window_size=32, window_stride=24,
+                                                          max_question_length=16, cluster_layers=[1])).eval()
+    model.cluster_routers()[1].fitted.fill_(True)
+    fitted = save_for_hub(model, tokenizer, tmp_path / "fitted")
+    with caplog.at_level(logging.WARNING):
+        converted = convert_checkpoint(fitted, tmp_path / "refit", num_clusters=4)
+    assert converted.dropped_centroids == [1] and "cluster layers [1]" in caplog.text and "dropped" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        out = export_model(tmp_path / "refit", tmp_path / "refit.pt2")
+        assert "never fitted" in caplog.text
+        caplog.clear()
+        load_exported(out)
+    assert "cluster layers [1]" in caplog.text and "never fitted" in caplog.text

@@ -56,6 +56,8 @@ class ConvertedCheckpoint:
     source_type: str = "roberta"
     #: The head built, a `TASK_CLASSES` key (``qa``, ``mlm``, ...).
     task: str = "qa"
+    #: Cluster layers of the source whose fitted centroids the result does not carry (another layout).
+    dropped_centroids: list[int] = field(default_factory=list)
 
 
 class ConversionTaskError(ValueError):
@@ -220,10 +222,23 @@ def convert_checkpoint(
     if newly_initialized:  # returned, and printed by the command line: logged once, at info level
         logger.info("Newly initialised (not in %s): %s; fine-tune before use.", src, ", ".join(newly_initialized))
     mark_untrained(model, untrained)
+    dropped = _dropped_centroids(src, model)
+    if dropped:
+        logger.warning("%s's fitted centroids of cluster layers %s do not fit the new cluster layout and were dropped; "
+                       "fit them again by training.", src, dropped)
     hub_id = {} if Path(src).exists() else {"base_model": str(src)}
     save_for_hub(model, loaded_tokenizer, dst, card_data={**hub_id, **dict(card_data or {})}, overwrite=overwrite)
     return ConvertedCheckpoint(Path(dst), model.config, newly_initialized, loaded_tokenizer is not None, source.model_type,
-                               task)
+                               task, dropped)
+
+
+def _dropped_centroids(src: str | os.PathLike, model: PreTrainedModel) -> list[int]:
+    """Cluster layers of a local source whose centroids were fitted and are not fitted in ``model``."""
+    from .modelcard import checkpoint_centroids_fitted
+
+    before = checkpoint_centroids_fitted(src) if Path(src).is_dir() else None
+    after = {index: bool(router.fitted) for index, router in model.cluster_routers().items()}
+    return sorted(index for index, fitted in (before or {}).items() if fitted and not after.get(index))
 
 
 #: The `TASK_CLASSES` key of each pipeline task (`HEAD_TASKS`), and back.

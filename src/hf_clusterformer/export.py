@@ -25,7 +25,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import logging
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +54,8 @@ from .modeling_clusterformer import (
     non_finite_weights,
 )
 from .pipeline import check_checkpoint_source, untrained_weights
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["EXPORT_CLASSES", "FORMATS", "FORMAT_SUFFIXES", "INPUT_NAMES", "QUANTIZATIONS", "ExportError",
            "ExportedHead", "ExportedModel", "export_format", "export_model", "export_program", "example_inputs",
@@ -196,7 +200,16 @@ def export_program(model: ClusterFormerPreTrainedModel, length: int | None = Non
 def program_metadata(model: ClusterFormerPreTrainedModel) -> dict[str, Any]:
     """What `load_exported` needs beside the program: the configuration, the head's input format and outputs."""
     return {"config": model.config.to_dict(), "architecture": type(model).__name__,
-            "input_format": model.input_format, "outputs": output_names(model)}
+            "input_format": model.input_format, "outputs": output_names(model),
+            "centroids_fitted": {str(i): bool(r.fitted) for i, r in model.cluster_routers().items()}}
+
+
+def warn_unfitted(fitted: dict, where: str) -> None:
+    """Warn, as ``predict`` does, when cluster layers of ``where`` have centroids never fitted by K-Means."""
+    unfitted = sorted(int(index) for index, done in fitted.items() if not done)
+    if unfitted:
+        logger.warning(f"{where}: cluster layers {unfitted} run with centroids that were never fitted by K-Means, so "
+                       "their routing is random; train with hf_clusterformer.CentroidUpdateCallback first.")
 
 
 def load_for_export(path: str | os.PathLike) -> ClusterFormerPreTrainedModel:
@@ -280,6 +293,7 @@ def export_model(
     if broken:
         raise ExportError(f"the model's weights hold NaN or inf ({len(broken)} tensors: {', '.join(broken[:3])}), so "
                           "its outputs would be meaningless; export an earlier checkpoint, or train it again.")
+    warn_unfitted({str(i): bool(r.fitted) for i, r in model.cluster_routers().items()}, f"the export {out}")
     untrained = untrained_weights(model)
     if untrained and not allow_untrained:
         raise ExportError(f"the model's {', '.join(untrained)} were never trained, so its outputs are random; train it "
@@ -465,7 +479,7 @@ def _load_torch(path: Path) -> ExportedModel:
     extra = {METADATA_KEY: ""}
     try:
         program = torch.export.load(str(path), extra_files=extra)
-    except (RuntimeError, ValueError, KeyError) as error:
+    except (RuntimeError, ValueError, KeyError, zipfile.BadZipFile, EOFError, OSError) as error:
         raise ExportError(f"{path} is not a torch.export program ({' '.join(str(error).split())[:200]}).") from None
     metadata = _read_metadata(extra[METADATA_KEY], path)
     module = program.module()
@@ -512,4 +526,5 @@ def _read_metadata(text: str, path: Path) -> dict[str, Any]:
     except ValueError:
         raise ExportError(f"{path} holds no Cluster-Former export record; export the model again with this version "
                           "(`clusterformer export MODEL_DIR OUT`).") from None
+    warn_unfitted(metadata.get("centroids_fitted") or {}, str(path))
     return metadata

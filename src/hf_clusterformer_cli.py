@@ -292,10 +292,16 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
+    from safetensors import SafetensorError
+
     from hf_clusterformer.conversion import ConversionTaskError, convert_checkpoint
     from hf_clusterformer_files import ModelFolderExistsError, check_output_dir
 
     check_model_path(args.source, "source")
+    if os.path.isdir(args.source) and Path(args.source).resolve() == Path(args.output_dir).resolve() \
+            and not args.overwrite:
+        raise CommandError(f"output folder {args.output_dir} is the source folder {args.source}; give another output "
+                           "folder (or pass --overwrite to replace the source model with the converted one).")
     try:
         check_output_dir(args.output_dir, args.overwrite, "--overwrite")
     except OSError as error:
@@ -312,6 +318,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         raise CommandError(str(error).replace("overwrite=True", "--overwrite")) from error
     except ConversionTaskError as error:
         raise CommandError(error.command) from error
+    except SafetensorError as error:
+        raise CommandError(_weights_error(args.source, error)) from error
     except (OSError, ValueError) as error:
         raise CommandError(f"could not convert {args.source}: {error}") from error
     config = converted.config
@@ -320,6 +328,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
           f"{config.layer_kinds}, {config.num_clusters} clusters, windows {config.window_size}/{config.window_stride})")
     if converted.newly_initialized:
         print(f"newly initialised (train before use): {', '.join(converted.newly_initialized)}")
+
     if args.push_to:
         _push(str(converted.path), args.push_to, private=args.private)
     return 0

@@ -155,8 +155,10 @@ def check_output_dir(
     if overwrite:
         return
     if holds_model(path):
+        what = "a model" if checkpoint_kind(path) or not (path / "config.json").is_file() else \
+            "a config.json (not a model's; the new model's would replace it)"
         raise ModelFolderExistsError(
-            f"output folder {path} already holds a model; pass {option} to replace the model's files (other files "
+            f"output folder {path} already holds {what}; pass {option} to replace the model's files (other files "
             "are kept), or give another folder."
         )
     if _readme_state(path) in ("user", "edited"):  # the new model's card would take its place

@@ -286,3 +286,61 @@ def test_dropped_and_never_fitted_centroids_are_said(work, roberta, tokenizer, c
         caplog.clear()
         load_exported(out)
     assert "cluster layers [1]" in caplog.text and "never fitted" in caplog.text
+
+
+# -- 7. one line naming the input and the fix --------------------------------------------------------------------------
+
+
+def test_damaged_inputs_and_unclear_cases_are_one_line(work, roberta, capsys, tmp_path):
+    """Rows: a truncated model.safetensors in convert / export / card, a truncated .pt2, ``convert SRC SRC``, a
+    user's non-model config.json called "a model", a card whose config is not JSON."""
+    from hf_clusterformer.export import ExportError, load_exported
+
+    damaged = tmp_path / "damaged"
+    assert main(["convert", str(roberta), str(damaged), *SMALL]) == 0
+    weights = damaged / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:200])
+    _one_line(capsys, ["convert", str(damaged), str(tmp_path / "out"), *SMALL], "model.safetensors")
+    _one_line(capsys, ["export", str(damaged), str(tmp_path / "out.pt2")], str(damaged))
+    _one_line(capsys, ["card", str(damaged), "--overwrite"], str(damaged), "write the checkpoint again")
+    (tmp_path / "bad.pt2").write_bytes(b"PK\x03\x04" + b"\0" * 50)
+    with pytest.raises(ExportError, match="bad.pt2 is not a torch.export program"):
+        load_exported(tmp_path / "bad.pt2")
+    _one_line(capsys, ["convert", str(roberta), str(roberta), *SMALL], "is the source folder")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "config.json").write_text('{"lr": 1}', encoding="utf-8")
+    _one_line(capsys, ["convert", str(roberta), str(mine), *SMALL], "not a model's")
+    (tmp_path / "broken.json").write_text("{", encoding="utf-8")
+    _one_line(capsys, ["card", "--config", str(tmp_path / "broken.json"), "--out", str(tmp_path / "c.md")],
+              "broken.json")
+
+
+def test_ctrl_c_of_a_training_run_is_one_line_and_keeps_its_checkpoints(work, tmp_path):
+    """Rows: a SIGINT during ``train --overwrite`` deleted the checkpoints the run had saved (and printed a
+    KeyboardInterrupt traceback); the old model stays."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text('{"model_type": "clusterformer"}', encoding="utf-8")
+    data = squad_jsonl(tmp_path / "train.jsonl", QUESTION, CONTEXT, "Tarsk", 4)
+    args = [a for a in TINY_TRAIN if a not in ("--save_strategy", "no")]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "hf_clusterformer_cli", "train", "--train_file", str(data), "--output_dir", str(out),
+         "--overwrite", "--max_steps", "100000", "--save_steps", "1", "--save_total_limit", "2", *args],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 240
+        while not list(out.glob(".clusterformer-write-*/checkpoint-2/trainer_state.json")):
+            assert process.poll() is None and time.time() < deadline, process.stderr.read()[-3000:]
+            time.sleep(0.2)
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=120) == 130
+        lines = [line for line in process.stderr.read().strip().splitlines() if line.strip()]
+    finally:
+        process.kill()
+        process.stderr.close()
+    assert lines[-1].startswith("clusterformer: interrupted: ") and "left as it was" in lines[-1], lines[-5:]
+    assert not any("Traceback" in line for line in lines), lines
+    assert (out / "config.json").read_text(encoding="utf-8") == '{"model_type": "clusterformer"}'
+    assert [p for p in out.glob("checkpoint-*") if (p / "trainer_state.json").is_file()]
+    assert not list(out.glob(".clusterformer-write-*"))

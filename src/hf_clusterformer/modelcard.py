@@ -93,7 +93,7 @@ def load_results(
     if results is None:
         return []
     if isinstance(results, (str, os.PathLike)):
-        results = json.loads(Path(results).read_text(encoding="utf-8"))
+        results = _read_json(str(results), "results file")
     entries = list(results) if isinstance(results, Sequence) and not isinstance(results, (str, bytes)) else [results]
     normalised = []
     for entry in entries:
@@ -211,7 +211,7 @@ def _config(config: ClusterFormerConfig | Mapping | str | os.PathLike) -> Cluste
     if isinstance(config, (str, os.PathLike)):
         path = Path(config)
         where = str(path)
-        config = json.loads((path / "config.json" if path.is_dir() else path).read_text(encoding="utf-8"))
+        config = _read_json(str(path / "config.json" if path.is_dir() else path), "config")
     kind = dict(config).get("model_type", ClusterFormerConfig.model_type)
     if kind != ClusterFormerConfig.model_type:
         raise ValueError(
@@ -537,6 +537,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m hf_clusterfor
         message = str(error)
     except (OSError, ValueError) as error:
         message = str(error)
+    except Exception as error:  # a damaged weights file (safetensors' own error type)
+        if type(error).__name__ != "SafetensorError":
+            raise
+        message = f"the weights of {args.checkpoint} cannot be read ({error}); write the checkpoint again."
     print(f"{label}: error: {' '.join(message.split())}", file=sys.stderr)
     return 2
 

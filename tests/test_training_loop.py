@@ -114,3 +114,13 @@ def test_stage_options_are_checked():
         TrainStage("x", [], 1, 1, 1e-3, rehearsal_batch=2)
     linear = learning_rate_factor("linear", 2, 10)
     assert [round(linear(s), 3) for s in (0, 1, 5, 9)] == [0.5, 1.0, 0.625, 0.125]
+
+
+def test_a_checkpoint_of_other_stages_is_refused(tmp_path):
+    run(tmp_path, stop_after=4)
+    model, updater = build()
+    other = stages()
+    other[1].steps = 7
+    with pytest.raises(ValueError, match="other stages or seed"):
+        train_stages(model, other, pad_id=PAD, evaluate=held_out, eval_every=2, updater=updater, seed=3,
+                     checkpoint_dir=tmp_path, print_fn=lambda line: None)

@@ -149,7 +149,7 @@ class _Run:
     def __init__(self, model, stages, updater, seed, device, dtype, pad_id):
         self.model, self.stages, self.updater = model, stages, updater
         self.device, self.dtype, self.pad_id = device, dtype, pad_id
-        self.generator = torch.Generator().manual_seed(seed)
+        self.seed, self.generator = seed, torch.Generator().manual_seed(seed)
         self.progress = _Progress()
         self.optimizer = self.schedule = None
 
@@ -184,7 +184,7 @@ class _Run:
     def state(self, seconds: float) -> dict:
         progress = dict(vars(self.progress), seconds=seconds)
         between_stages = self.optimizer is None
-        return {"progress": progress, "model": self.model.state_dict(),
+        return {"progress": progress, "plan": self.plan(), "model": self.model.state_dict(),
                 "optimizer": None if between_stages else self.optimizer.state_dict(),
                 "schedule": None if between_stages else self.schedule.state_dict(), "generator": self.generator.get_state(),
                 "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(), "numpy_rng": np.random.get_state(),
@@ -199,8 +199,18 @@ class _Run:
         torch.save(self.state(seconds), partial)
         os.replace(partial, directory / CHECKPOINT_NAME)
 
+    def plan(self) -> list[dict]:
+        """What a checkpoint must have been made with to resume this run (the stages' settings and the seed)."""
+        return [{"name": s.name, "steps": s.steps, "batch_size": s.batch_size, "learning_rate": s.learning_rate,
+                 "warmup": s.warmup, "schedule": s.schedule, "order": s.order, "examples": len(s.data),
+                 "gate": None if s.gate is None else vars(s.gate), "rehearsal_batch": s.rehearsal_batch,
+                 "seed": self.seed} for s in self.stages]
+
     def restore(self, path: Path) -> None:
         state = torch.load(path, map_location="cpu", weights_only=False)
+        if state.get("plan", self.plan()) != self.plan():  # checkpoints of the first layout hold no plan
+            raise ValueError(f"{path} was saved by a run with other stages or seed than this one; resume it with its "
+                             f"own settings, or remove {path.parent} to start again")
         self.progress = _Progress(**state["progress"])
         self.model.load_state_dict(state["model"])
         if self.progress.stage < len(self.stages) and state["optimizer"] is not None:

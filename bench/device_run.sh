@@ -6,6 +6,10 @@
 # Encoder efficiency parts: encoder (every peer, 20 interleaved rounds, MFU; ~4 min), encoder-profile (where
 # Cluster-Former's time above the floor goes), encoder-compile (torch.compile vs eager, forward and training step),
 # encoder-cudagraphs (mode="reduce-overhead"); e.g. PARTS="encoder encoder-profile encoder-compile".
+# PARTS=realtext: the real-text study (bench/realtext.py --preset gpu: every training and held-out question, seeds
+# 0-2, about 9 minutes; record in $out/realtext). It reads the SQuAD v1.1 dev zip from $SQUAD (default
+# .cache/squad-v1.1-dev.json.zip), which the machine does not have: it lives outside the repository, so copy
+# ../shared/data/squad-v1.1-dev.json.zip into .cache/ and carry .cache (with the MiniLM copy) to the machine.
 #
 #   bash bench/device_run.sh [OUT_DIR]          # on the GPU machine
 #   SIZE=tiny bash bench/device_run.sh /tmp/t   # the same steps at tiny sizes, on CPU, in about a minute
@@ -21,6 +25,7 @@ export PYTHONPATH="$PWD/src:$PWD/research/src${PYTHONPATH:+:$PYTHONPATH}" PYTHON
 export HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error
 python=${PYTHON:-python3}
 pretrained="${PRETRAINED:-.cache/minilm}"
+squad="${SQUAD:-.cache/squad-v1.1-dev.json.zip}"
 size="${SIZE:-full}"
 parts="${PARTS:-encoder kmeans reproduce}"  # PARTS=study: the long-range study (`study-gpu` recipe) alone
 want() { [[ " $parts " == *" $1 "* ]]; }
@@ -53,6 +58,8 @@ if [ "$size" = tiny ]; then
   want reproduce && step reproduce 300 $python bench/reproduce_longrange.py --preset smoke --output_dir "$out"
   want study && step study 300 $python bench/reproduce_longrange.py --preset smoke --variants clusterformer \
     clusterformer-prefix sliding --output_dir "$out/study"
+  want realtext && step realtext 300 $python bench/realtext.py --preset tiny --no-parallel --pretrained "$pretrained" \
+    --squad_path "$squad" --output_dir "$out/realtext/run" --record_dir "$out/realtext"
 else
   want encoder && step encoder 300 $python bench/bench_encoder.py --lengths 4096 8192 16384 32768 131072 --train \
     --repeats 20 --warmup 3 --max_seconds 0.15 --json "$out/encoder.json"
@@ -67,6 +74,8 @@ else
     --time_budget 330 --output_dir "$out"
   want study && step study 560 $python bench/reproduce_longrange.py --preset study-gpu --pretrained "$pretrained" \
     --output_dir "$out/study"
+  want realtext && step realtext 590 $python bench/realtext.py --preset gpu --pretrained "$pretrained" \
+    --squad_path "$squad" --output_dir outputs/realtext/gpu --record_dir "$out/realtext"
 fi
 echo "done in $(( $(date +%s) - started )) s; results in $out" | tee -a "$out/summary.txt"
 exit $status

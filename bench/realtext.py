@@ -1,142 +1,262 @@
 #!/usr/bin/env python
-"""Real text: fine-tune Cluster-Former and the sliding-window model from all-MiniLM-L6-v2 on SQuAD v1.1 dev and score
-both on held-out articles, with the gold paragraph alone and inside multi-passage contexts of 2k to 16k tokens.
+"""Real text, run to the end: Cluster-Former against the sliding-window model on SQuAD v1.1 dev, trained in stages
+that persist and resume, scored with the gold paragraph alone and inside multi-passage contexts of 2k to 16k tokens.
 
-Both variants start from the same converted MiniLM (BERT-family, 6 layers, 512 positions): ``clusterformer`` has one
-cluster layer (``--cluster_layer``, default 3) whose centroids `CentroidUpdater` refits during training; ``sliding``
-has none. Same data, seeds, steps and learning rate for both.
+Stages (outputs under ``--output_dir``, default ``outputs/realtext/<preset>``; one ``seed<N>/`` folder per seed):
 
-Data (``../shared/data/squad-v1.1-dev.json.zip`` from the repository root, or ``$CLUSTERFORMER_SQUAD_PATH``; 48
-articles) is split by article:
+* **A**, the shared start: all-MiniLM-L6-v2 converted with no cluster layer (``init/``) and fine-tuned on paragraph
+  QA, the questions of articles 0-39 with their gold paragraph (``A/model``). The sliding-window model *is* this
+  start; Cluster-Former is the same weights with a cluster layer (``--cluster_layer``, ``--num_clusters``) whose
+  centroids are fitted on the start's states (train-mode forward passes over stage B's first batches, no gradients):
+  ``start-clusterformer/``. Both starts are scored on the oracle and on ``other`` contexts of ``--start_lengths``.
+* **B**, multi-passage training, per model, the same data, steps and schedule: the gold paragraph among distractors
+  from other training articles (even examples) or from its own article first (odd ones), one context length per
+  batch drawn from ``--b_tokens``. ``--probe_steps`` steps of each model are timed first (and thrown away); B gets as
+  many steps as ``--b_seconds`` allow the slower model, between ``--b_min_steps`` and ``--b_steps``.
+* **C**, evaluation cells: ``--eval_questions`` questions of articles 40-47 drawn once (the same in every cell and for
+  every model and seed); the oracle paragraph, ``other`` distractors at ``--other_lengths`` and ``same`` distractors
+  at ``--same_lengths`` tokens. One file per model and cell: ``cells/<A|B>-<model>/<cell>.json`` (A: the starts,
+  B: after stage B).
 
-* training: questions of articles 0-39 with their gold paragraph as context (``--train_questions`` of them, drawn
-  with the run's seed; 8,981 in all), truncated to ``--max_length`` tokens; optionally ``--mp_steps`` more steps on
-  multi-passage contexts of ``--mp_tokens`` tokens (gold among distractors from other training articles);
-* evaluation: ``--eval_questions`` questions of articles 40-47, drawn once with ``--question_seed`` (the same
-  questions in every cell, for every model and seed), each scored (a) with its gold paragraph alone (the oracle) and
-  (b) inside contexts of about ``--lengths`` tokens where the gold paragraph sits at a random place among distractor
-  paragraphs: ``other`` draws them from other articles, ``same`` from the gold's own article first, then from others.
-  Distractors come from the evaluation articles (``--distractor_pool all`` allows training articles too).
+A rerun of the same command skips every finished stage and cell; a training stage resumes from its checkpoint
+(`clusterformer_research.training.train_stages`, every ``--checkpoint_every`` steps) and a cell from its partial file
+(every ``--eval_log_every`` questions). Stage A and the centroid fit run on ``--threads_a`` threads, the B probes on
+``--threads``; then with ``--parallel`` (the ``cpu`` preset) each model's work (its start's cells, B, C) runs in its
+own process on ``--threads`` threads, side by side, and without it one model after the other in the main process.
+The plan and its estimated time are printed before anything starts and checked against the first timed steps;
+``results.md``, ``f1_vs_length.png``, ``summary.json`` and every cell's JSON go to ``--record_dir`` (default
+``bench/measured/realtext/<preset>``)::
 
-For every model x length x kind it records SQuAD EM / F1 (`hf_clusterformer.metrics`), seconds per question, and for
-the cluster layer how often the gold passage / the answer span shares a chunk with a question token (and, for
-reference, how often a distractor passage does). Per-seed JSON, ``results.md`` and ``f1_vs_length.png`` go to
-``--output_dir``.
-
-Before it starts, it times ``--budget_steps`` training steps of batch ``--budget_batch`` at ``--budget_tokens`` tokens
-on one thread plus one evaluation forward pass, and prints the estimated time of the configured run::
-
-    python bench/realtext.py --output_dir bench/measured/realtext/full --parallel          # the full run
-    python bench/realtext.py --tiny --output_dir /tmp/realtext-tiny                         # a smoke run (< 1 min)
-    python bench/realtext.py --budget_only                                                  # the estimate alone
-    python bench/realtext.py --report_only --output_dir DIR                                 # table + plot again
-
-``--parallel`` runs each variant in its own process with one thread (``--threads``), side by side.
+    nohup .venv/bin/python bench/realtext.py > outputs/realtext-cpu.log 2>&1 &       # the study (same command resumes)
+    python bench/realtext.py --preset tiny --output_dir /tmp/rt --record_dir /tmp/rt/record     # a minute, CPU
+    python bench/realtext.py --preset gpu --pretrained .cache/minilm --squad_path .cache/squad-v1.1-dev.json.zip
+    python bench/realtext.py --report_only                                    # results.md and the plot again
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
+import importlib.util
 import json
-import logging
 import os
+import random
+import shutil
+import signal
 import subprocess
 import sys
-import tempfile
 import time
+import types
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from clusterformer_research.training import TrainStage, pad_batch, train_stages
 from hf_clusterformer import CentroidUpdater, ClusterFormerForQuestionAnswering
 from hf_clusterformer.centroid_updates import CentroidUpdateSettings
 from hf_clusterformer.conversion import convert_checkpoint
-from hf_clusterformer.data.multipassage import SQUAD_PATH_ENV, read_squad
+from hf_clusterformer.data.multipassage import default_squad_path, read_squad
 from hf_clusterformer.features import postprocess_predictions, prepare_train_features, prepare_validation_features
 from hf_clusterformer.hub import quiet_loading
-from hf_clusterformer.metrics import compute_squad
 from hf_clusterformer.modeling_clusterformer import count_windows, locate_question_prefix
 from hf_clusterformer.pretrained import fetch_pretrained
 
 ROOT = Path(__file__).resolve().parents[1]
-VARIANTS = ("clusterformer", "sliding")
+SCRIPT = Path(__file__).resolve()
+MODELS = ("sliding", "clusterformer")
 KINDS = ("other", "same")
 ORACLE = "oracle"
+TRAIN_ARTICLES, EVAL_ARTICLES = (0, 40), (40, 48)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+#: Test-only: a log line holding this variable's text kills its own process (a stop in the middle of a stage).
+STOP_ENV = "REALTEXT_STOP_AT"
+#: Settings that do not change a run's numbers (all others must match the folder's ``config.json`` to resume).
+RUN_ONLY = ("output_dir", "record_dir", "report_only", "plan_only", "worker_seed", "worker_models", "parallel", "threads",
+            "threads_a", "time_limit", "squad_path", "pretrained", "log_every", "eval_log_every", "bootstrap_samples", "argv")
 
-TINY = dict(
-    steps=3, batch_size=2, train_questions=16, eval_questions=3, lengths=[400, 800], seeds=[0], window_size=64,
-    window_stride=56, num_clusters=8, min_states=32, update_every_steps=2, memory_size=2000, budget_steps=1,
-    budget_batch=2, budget_tokens=128, budget_eval_tokens=400, mp_tokens=[200, 300], log_every=1,
+CPU = dict(
+    seeds=[0], device="cpu", dtype="float32", parallel=True, threads=1, threads_a=2, time_limit=0,
+    layers=0, cluster_layer=3, num_clusters=64, window_size=256, window_stride=224, max_question_length=64,
+    update_every_steps=50, memory_size=20000, min_states=None, max_capture_per_forward=2048,
+    a_questions=0, a_steps=500, a_batch=16, a_max_length=256, a_lr=2e-4, a_warmup=20, a_seconds=1500,
+    a_eval_questions=64, a_eval_every=50, fit_batches=8,
+    b_steps=150, b_min_steps=60, b_batch=4, b_tokens=[1000, 4000], b_lr=1e-4, b_warmup=0.1, b_seconds=2400,
+    probe_steps=10, eval_questions=200, question_seed=0, other_lengths=[2000, 4000, 8000, 16000],
+    same_lengths=[4000, 16000], start_lengths=[2000, 16000], eval_batch=1, max_answer_length=30,
+    checkpoint_every=25, log_every=5, eval_log_every=25, bootstrap_samples=10000,
 )
+PRESETS = {
+    "cpu": CPU,
+    # one GPU, about 9 minutes: every training question, every held-out one, three seeds (sized, not yet run)
+    "gpu": {**CPU, "seeds": [0, 1, 2], "device": "cuda", "dtype": "bfloat16", "parallel": False, "threads": 8,
+            "threads_a": 8,
+            "a_steps": 560, "a_batch": 32, "a_seconds": 40, "a_eval_questions": 200, "a_eval_every": 280,
+            "fit_batches": 4, "b_steps": 300, "b_min_steps": 50, "b_batch": 8, "b_seconds": 30, "eval_questions": 0,
+            "eval_batch": 8, "log_every": 50, "eval_log_every": 400, "time_limit": 540},
+    # the whole staged path in about a minute of one CPU
+    "tiny": {**CPU, "threads_a": 1, "layers": 2, "cluster_layer": 1, "window_size": 32, "window_stride": 28,
+             "num_clusters": 4, "min_states": 16, "memory_size": 2000, "update_every_steps": 2, "a_questions": 32,
+             "a_steps": 4, "a_batch": 4, "a_max_length": 96, "a_seconds": 0, "a_eval_questions": 2,
+             "a_eval_every": 2, "fit_batches": 2, "b_steps": 4, "b_min_steps": 2, "b_batch": 2, "b_tokens": [100, 160],
+             "b_seconds": 3600, "probe_steps": 2, "eval_questions": 3, "other_lengths": [250, 400],
+             "same_lengths": [400], "start_lengths": [250], "checkpoint_every": 2, "log_every": 1,
+             "eval_log_every": 1, "bootstrap_samples": 1000},
+}
+
+#: Seconds per window slot (`slots`) on a whole core of this machine (2 logical CPUs): training steps of 16 paragraphs
+#: (4,384 slots) and of 4 contexts of 2.4k-3.7k tokens (12k-18k slots), forward passes of 2k and 16k tokens, timed
+#: with other jobs running and scaled by the CPU share each got (0.5-0.67). Cluster-Former's steps and forward passes
+#: took the sliding model's time within the noise (factors 1.0). ``two_threads``: stage A's speed-up on two free cores,
+#: assumed (two threads were slower than one while other jobs ran); the first timed steps of A check it.
+COSTS = {"train_slot": 1.35e-3, "eval_slot": 3.3e-4, "cluster_train": 1.0, "cluster_eval": 1.0, "two_threads": 1.6}
+
+
+#: Every setting's help (the presets give the defaults; ``--help`` prints the preset's values).
+HELP = {
+    "seeds": "training seeds; each runs every stage in its own seed<N>/ folder",
+    "device": "cpu or cuda", "dtype": "float32, or bfloat16 (autocast on a GPU)",
+    "threads": "torch threads per process after stage A (and of the B probes)",
+    "threads_a": "torch threads of stage A and the centroid fit (shared by both models)",
+    "time_limit": "seconds after which no further seed or cell starts (0: none)",
+    "layers": "keep MiniLM's first N layers (0: all 6)", "cluster_layer": "Cluster-Former's cluster layer",
+    "num_clusters": "its K-Means centroids", "window_size": "context tokens per window",
+    "window_stride": "window stride (and chunk size of the cluster layer)",
+    "max_question_length": "longer questions are left out of every split",
+    "update_every_steps": "centroid refits every N training steps", "memory_size": "states banked per cluster layer",
+    "min_states": "states banked before a fit (default 32 per centroid)",
+    "max_capture_per_forward": "states banked per forward pass",
+    "a_questions": "stage A: training questions drawn with the seed (0: all of articles 0-39)",
+    "a_steps": "stage A: steps (fewer when --a_seconds runs out)", "a_batch": "stage A: batch size",
+    "a_max_length": "stage A: tokens per feature (question + paragraph)", "a_lr": "stage A: peak learning rate",
+    "a_warmup": "stage A: warm-up steps (then linear decay)",
+    "a_seconds": "stage A: after timing steps 10-30, fewer steps when all would take longer (0: no limit)",
+    "a_eval_questions": "stage A's curve: held-out questions (not among the cells' ones when enough are left)",
+    "a_eval_every": "stage A's curve: steps between its points", "fit_batches": "batches of stage B data banked "
+    "for Cluster-Former's first centroid fit", "b_steps": "stage B: most steps (the data is built for this many)",
+    "b_min_steps": "stage B: fewest steps", "b_batch": "stage B: batch size",
+    "b_tokens": "stage B: context length range (one length per batch)", "b_lr": "stage B: peak learning rate",
+    "b_warmup": "stage B: share of its steps with a linear warm-up (then linear decay)",
+    "b_seconds": "stage B: seconds allowed per model, which sizes it after the probe (0: --b_steps)",
+    "probe_steps": "stage B: steps timed on each model first (thrown away)",
+    "eval_questions": "questions of articles 40-47 in every cell (0: all)",
+    "question_seed": "draws the questions and the cells' contexts", "other_lengths": "context tokens of the other-"
+    "article cells", "same_lengths": "context tokens of the same-article cells",
+    "start_lengths": "context tokens of the other-article cells the two starts are scored on",
+    "eval_batch": "questions per forward pass (1: seconds per question as one user sees them)",
+    "max_answer_length": "tokens of a predicted span", "checkpoint_every": "training steps between checkpoints",
+    "log_every": "training steps between progress lines",
+    "eval_log_every": "questions between a cell's partial saves and progress lines",
+    "bootstrap_samples": "resamples of the paired bootstrap",
+}
+INTEGERS = ("threads", "threads_a", "time_limit", "layers", "cluster_layer", "num_clusters", "window_size",
+            "window_stride", "max_question_length", "update_every_steps", "memory_size", "min_states",
+            "max_capture_per_forward", "a_questions", "a_steps", "a_batch", "a_max_length", "a_warmup", "a_seconds",
+            "a_eval_questions", "a_eval_every", "fit_batches", "b_steps", "b_min_steps", "b_batch", "b_seconds",
+            "probe_steps", "eval_questions", "question_seed", "eval_batch", "max_answer_length", "checkpoint_every",
+            "log_every", "eval_log_every", "bootstrap_samples")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The preset's settings (``--preset``, default cpu) with the flags given."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    first = argparse.ArgumentParser(add_help=False)
+    first.add_argument("--preset", choices=PRESETS, default="cpu")
+    preset = first.parse_known_args(argv)[0].preset
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
-    add("--output_dir", default=str(ROOT / "bench/measured/realtext/run"))
-    add("--squad_path", default=None,
-        help=f"SQuAD v1.1 dev JSON or zip (default ${SQUAD_PATH_ENV}, else ../shared/data/squad-v1.1-dev.json.zip)")
-    add("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
-    add("--seeds", nargs="+", type=int, default=[0])
-    add("--parallel", action="store_true", help="one process per variant, side by side, --threads threads each")
-    add("--threads", type=int, default=1, help="torch threads per process")
-    add("--tiny", action="store_true", help="a smoke run: a few steps, a few questions, short contexts")
-    # model
-    add("--cluster_layer", type=int, default=3)
-    add("--num_clusters", type=int, default=64)
-    add("--window_size", type=int, default=256)
-    add("--window_stride", type=int, default=224)
-    add("--max_question_length", type=int, default=64, help="longer questions are left out of both splits")
-    # training
-    add("--train_articles", type=int, nargs=2, default=[0, 40], metavar=("FIRST", "END"))
-    add("--eval_articles", type=int, nargs=2, default=[40, 48], metavar=("FIRST", "END"))
-    add("--train_questions", type=int, default=8981, help="questions of the training articles used (at most 8,981)")
-    add("--steps", type=int, default=600, help="optimizer steps on gold-paragraph contexts")
-    add("--batch_size", type=int, default=16)
-    add("--max_length", type=int, default=384, help="tokens per training feature (question + gold paragraph)")
-    add("--lr", type=float, default=1e-4)
-    add("--warmup", type=float, default=0.1, help="share of all steps with a linear warm-up (then linear decay)")
-    add("--weight_decay", type=float, default=0.01)
-    add("--mp_steps", type=int, default=0, help="extra steps on multi-passage training contexts (0: none)")
-    add("--mp_batch_size", type=int, default=4)
-    add("--mp_tokens", type=int, nargs=2, default=[1000, 2000], help="context length range of --mp_steps")
-    add("--log_every", type=int, default=50)
-    # centroids
-    add("--update_every_steps", type=int, default=50)
-    add("--memory_size", type=int, default=20000)
-    add("--min_states", type=int, default=None)
-    add("--max_capture_per_forward", type=int, default=2048)
-    add("--no_final_refit", action="store_true", help="skip the centroid refit on the bank after the last step")
-    # evaluation
-    add("--eval_questions", type=int, default=300)
-    add("--question_seed", type=int, default=0, help="draws the evaluation questions and their contexts")
-    add("--lengths", type=int, nargs="+", default=[2000, 4000, 8000, 16000], help="context tokens (0: oracle only)")
-    add("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
-    add("--distractor_pool", choices=["eval", "all"], default="eval",
-        help="eval: distractors from the evaluation articles only; all: from every other article")
-    add("--passage_marker", default="", help="text put before every passage of a multi-passage context")
-    add("--max_answer_length", type=int, default=30)
-    # budget
-    add("--budget_steps", type=int, default=20)
-    add("--budget_batch", type=int, default=16)
-    add("--budget_tokens", type=int, default=384)
-    add("--budget_eval_tokens", type=int, default=2000)
-    add("--no_budget", action="store_true")
-    add("--budget_only", action="store_true", help="time, print the estimate and stop")
-    add("--report_only", action="store_true", help="rebuild results.md and the plot from the JSON in --output_dir")
-    add("--child_config", default=None, help=argparse.SUPPRESS)
-    if argv is None:
-        argv = sys.argv[1:]
-    if "--tiny" in argv:
-        parser.set_defaults(**TINY)
+    add("--preset", choices=PRESETS, default="cpu", help="cpu (default), gpu or tiny; the flags below override it")
+    add("--output_dir", help="the stages' outputs (default outputs/realtext/<preset>)")
+    add("--record_dir", help="results.md, the plot and the cells' JSON (default bench/measured/realtext/<preset>)")
+    add("--squad_path", help="SQuAD v1.1 dev JSON or zip (default $CLUSTERFORMER_SQUAD_PATH or ../shared/data)")
+    add("--pretrained", help="all-MiniLM-L6-v2 folder (default the verified cache; a packed copy works)")
+    add("--parallel", action=argparse.BooleanOptionalAction, help="one process per model after stage A")
+    for name in ("seeds", "b_tokens", "other_lengths", "same_lengths", "start_lengths"):
+        add(f"--{name}", type=int, nargs="+", help=HELP[name] + " (%(default)s)")
+    for name, kind in [*((n, int) for n in INTEGERS), ("a_lr", float), ("b_lr", float), ("b_warmup", float),
+                       ("device", str), ("dtype", str)]:
+        add(f"--{name}", type=kind, help=HELP[name] + " (%(default)s)")
+    add("--report_only", action="store_true", help="rebuild the record from --output_dir and stop")
+    add("--plan_only", action="store_true", help="print the plan and its estimated time and stop")
+    add("--worker_seed", type=int, help=argparse.SUPPRESS)
+    add("--worker_models", nargs="+", choices=MODELS, help=argparse.SUPPRESS)
+    parser.set_defaults(**PRESETS[preset])
     args = parser.parse_args(argv)
-    if args.child_config:  # a --parallel worker: the parent's settings, one variant
-        variant = args.variants
-        args = argparse.Namespace(**json.loads(Path(args.child_config).read_text()))
-        args.variants, args.parallel, args.child_config = variant, False, "child"
+    args.output_dir = args.output_dir or str(ROOT / "outputs" / "realtext" / preset)
+    args.record_dir = args.record_dir or str(ROOT / "bench" / "measured" / "realtext" / preset)
+    args.argv = argv
     return args
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Small helpers
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def say(line: str) -> None:
+    """Print a log line with the time of day; the process kills itself when the line holds ``$REALTEXT_STOP_AT``
+    (the tests' stop in the middle of a stage)."""
+    print(time.strftime("%H:%M:%S ") + line, flush=True)
+    stop = os.environ.get(STOP_ENV)
+    if stop and stop in line:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def write_json(path: Path, value) -> None:
+    """Write ``value`` to ``path`` in one rename (a stop while writing keeps the previous file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    partial.write_text(json.dumps(value, indent=1) + "\n")
+    os.replace(partial, path)
+
+
+def read_json(path: Path):
+    return json.loads(Path(path).read_text())
+
+
+def seed_everything(seed: int) -> None:
+    """The global generators a training stage draws from (dropout), the same in every process layout."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+def load_squad_scorers():
+    """``(exact_match_score, f1_score)`` of `hf_clusterformer.metrics`. Where ``datasets`` or ``evaluate`` is missing
+    (the metric module imports both for its ``evaluate`` wrapper), its file is loaded with stand-ins for them."""
+    try:
+        from hf_clusterformer.metrics import exact_match_score, f1_score
+        return exact_match_score, f1_score
+    except ImportError:
+        import hf_clusterformer
+
+    stand_in = types.ModuleType("evaluate")
+    stand_in.Metric = object
+    stand_in.utils = types.SimpleNamespace(file_utils=types.SimpleNamespace(add_start_docstrings=lambda *_: lambda c: c))
+    saved = {name: sys.modules.get(name, stand_in) for name in ("datasets", "evaluate")}  # stand_in: not imported
+    sys.modules.update(datasets=types.ModuleType("datasets"), evaluate=stand_in)
+    try:
+        path = Path(hf_clusterformer.__file__).parent / "metrics" / "squad_metric.py"
+        spec = importlib.util.spec_from_file_location("_realtext_squad_metric", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        for name, value in saved.items():
+            if value is stand_in:
+                del sys.modules[name]
+            else:
+                sys.modules[name] = value
+    return module.exact_match_score, module.f1_score
+
+
+EXACT_MATCH, F1 = load_squad_scorers()
+
+
+def squad_scores(prediction: str, answers: list[str]) -> tuple[float, float]:
+    """Per-question SQuAD EM and F1 (0-100), the best over the gold answers (their mean is `compute_squad`'s)."""
+    return (100.0 * max(EXACT_MATCH(prediction, a) for a in answers),
+            100.0 * max(F1(prediction, a) for a in answers))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -148,7 +268,7 @@ class Corpus:
     """SQuAD's paragraphs (text, article) and questions (paragraph index, qa), with cached token counts."""
 
     def __init__(self, path: str | None, tokenizer):
-        squad = read_squad(path or os.environ.get(SQUAD_PATH_ENV) or ROOT.parent / "shared/data/squad-v1.1-dev.json.zip")
+        squad = read_squad(path or default_squad_path())
         self.tokenizer = tokenizer
         self.texts: list[str] = []
         self.article: list[int] = []
@@ -198,13 +318,13 @@ def distractor_order(corpus: Corpus, gold: int, kind: str, articles: tuple[int, 
 def multipassage_record(corpus: Corpus, paragraph: int, qa: dict, kind: str, target: int, articles: tuple[int, int],
                         rng: np.random.Generator, marker: str = "") -> dict:
     """The gold paragraph at a random place among distractors, taken in `distractor_order` while each one brings the
-    context closer to ``target`` tokens (so it ends within half a paragraph of it; the pool running out stops short). Answer offsets are
-    moved to the gold paragraph's place; ``passages`` holds every passage's character span."""
+    context closer to ``target`` tokens (so it ends within half a paragraph of it; the pool running out stops short).
+    Answer offsets are moved to the gold paragraph's place; ``passages`` holds every passage's character span."""
     marker_tokens = len(corpus.tokenizer(marker, add_special_tokens=False)["input_ids"]) if marker else 0
     order = distractor_order(corpus, paragraph, kind, articles, rng)
     total = corpus.lengths([paragraph])[0] + marker_tokens
     chosen: list[int] = []
-    for p, n in zip(order, corpus.lengths(order)):
+    for p, n in zip(order, (n for begin in range(0, len(order), 32) for n in corpus.lengths(order[begin: begin + 32]))):
         if total + n + marker_tokens - target > target - total:  # stop where the length is closest to the target
             break
         chosen.append(p)
@@ -227,25 +347,6 @@ def multipassage_record(corpus: Corpus, paragraph: int, qa: dict, kind: str, tar
     return record
 
 
-def eval_cells(corpus: Corpus, args) -> dict[tuple[str, int], list[dict]]:
-    """Every evaluation cell's records: the same questions (drawn once with ``--question_seed``) in each."""
-    pool = corpus.question_pool(tuple(args.eval_articles), args.max_question_length)
-    if args.eval_questions > len(pool):
-        raise ValueError(f"--eval_questions {args.eval_questions} exceeds the {len(pool)} questions of the evaluation articles")
-    picked = np.random.default_rng([args.question_seed, 0]).permutation(len(pool))[: args.eval_questions]
-    questions = [pool[i] for i in sorted(picked)]
-    articles = (0, corpus.num_articles) if args.distractor_pool == "all" else tuple(args.eval_articles)
-    cells = {(ORACLE, 0): [gold_record(corpus, p, qa) for p, qa in questions]}
-    for length in sorted(length for length in args.lengths if length > 0):
-        for k, kind in enumerate(args.kinds):
-            cells[(kind, length)] = [
-                multipassage_record(corpus, p, qa, kind, length, articles,
-                                    np.random.default_rng([args.question_seed, 1, KINDS.index(kind), length, i]),
-                                    args.passage_marker)
-                for i, (p, qa) in enumerate(questions)]
-    return cells
-
-
 def cell_digest(records: list[dict]) -> str:
     """Hash of a cell's questions and contexts: equal digests mean the same inputs."""
     digest = hashlib.sha256()
@@ -254,53 +355,187 @@ def cell_digest(records: list[dict]) -> str:
     return digest.hexdigest()[:16]
 
 
-def to_features(records: list[dict], tokenizer, max_length: int) -> list[dict]:
-    """Training features (ids, start, end); answers cut off by truncation are dropped."""
+def cell_name(kind: str, length: int) -> str:
+    return ORACLE if kind == ORACLE else f"{kind}-{length}"
+
+
+def start_cells(args) -> list[tuple[str, int]]:
+    """The cells the two starts are scored on (stage A's row): the oracle and ``other`` at ``--start_lengths``."""
+    return [(ORACLE, 0)] + [("other", n) for n in sorted(args.start_lengths)]
+
+
+def final_cells(args) -> list[tuple[str, int]]:
+    """Stage C's cells, cheapest first: the oracle, ``other`` at ``--other_lengths``, ``same`` at ``--same_lengths``."""
+    cells = [("other", n) for n in args.other_lengths] + [("same", n) for n in args.same_lengths]
+    return [(ORACLE, 0)] + sorted(cells, key=lambda cell: (cell[1], KINDS.index(cell[0])))
+
+
+def as_features(records: list[dict], tokenizer, max_length: int) -> list[dict]:
+    """`train_stages` features (ids, start, end); answers cut off by truncation are dropped."""
     columns = {key: [r[key] for r in records] for key in ("id", "question", "context", "answers")}
     features = prepare_train_features(columns, tokenizer, max_length=max_length, drop_truncated=True)
-    return [{"ids": ids, "start": s, "end": e}
+    return [{"input_ids": ids, "start_positions": s, "end_positions": e}
             for ids, s, e in zip(features["input_ids"], features["start_positions"], features["end_positions"])]
 
 
-def pad(rows: list[dict], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, T) right-padded ids and mask."""
-    width = max(len(r["ids"]) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, r in enumerate(rows):
-        ids[i, : len(r["ids"])] = torch.tensor(r["ids"])
-        mask[i, : len(r["ids"])] = 1
-    return ids, mask
+class Study:
+    """A run's settings and folders, and the data every stage draws from (built once per process, on first use)."""
+
+    def __init__(self, args):
+        self.args = args
+        self.out = Path(args.output_dir)
+        self.device = torch.device(args.device)
+        self.dtype = DTYPES[args.dtype]
+        self.deadline = time.time() + args.time_limit if args.time_limit else None
+        self._tokenizer = self._corpus = self._questions = None
+        self._multipassage: dict[int, list[dict]] = {}
+        self._features: dict[str, tuple[list[dict], list[dict]]] = {}
+
+    # -- folders -----------------------------------------------------------------------------------------------------
+
+    def seed_dir(self, seed: int) -> Path:
+        return self.out / f"seed{seed}"
+
+    def start_path(self, seed: int, model: str) -> Path:
+        """The start of ``model``: stage A's model (sliding) or it with its fitted cluster layer (Cluster-Former)."""
+        return self.seed_dir(seed) / ("A/model" if model == "sliding" else "start-clusterformer")
+
+    def cell_path(self, seed: int, stage: str, model: str, kind: str, length: int) -> Path:
+        return self.seed_dir(seed) / "cells" / f"{stage}-{model}" / f"{cell_name(kind, length)}.json"
+
+    def out_of_time(self) -> bool:
+        return self.deadline is not None and time.time() > self.deadline
+
+    # -- data --------------------------------------------------------------------------------------------------------
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            init = self.out / "init"  # MiniLM's tokenizer, as the conversion saved it
+            source = init if (init / "config.json").is_file() else pretrained_source(self.args)
+            with quiet_loading():
+                self._tokenizer = AutoTokenizer.from_pretrained(source)
+        return self._tokenizer
+
+    @property
+    def corpus(self) -> Corpus:
+        if self._corpus is None:
+            self._corpus = Corpus(self.args.squad_path, self.tokenizer)
+        return self._corpus
+
+    def questions(self) -> tuple[list, list]:
+        """(test, curve): ``--eval_questions`` questions of articles 40-47 (0: all) drawn once with
+        ``--question_seed``, and ``--a_eval_questions`` more for stage A's curve (from the test ones when none are
+        left)."""
+        if self._questions is None:
+            a = self.args
+            pool = self.corpus.question_pool(EVAL_ARTICLES, a.max_question_length)
+            count = a.eval_questions or len(pool)
+            if count > len(pool):
+                raise ValueError(f"--eval_questions {count} exceeds the {len(pool)} questions of articles 40-47")
+            order = np.random.default_rng([a.question_seed, 0]).permutation(len(pool))
+            rest = order[count: count + a.a_eval_questions]
+            curve = rest if len(rest) == a.a_eval_questions else order[: a.a_eval_questions]
+            self._questions = ([pool[i] for i in sorted(order[:count])], [pool[i] for i in sorted(curve)])
+        return self._questions
+
+    def cell_records(self, kind: str, length: int, questions: list | None = None) -> list[dict]:
+        """A cell's records: the test questions with their gold paragraph (oracle) or a multi-passage context."""
+        questions = self.questions()[0] if questions is None else questions
+        if kind == ORACLE:
+            return [gold_record(self.corpus, p, qa) for p, qa in questions]
+        return [multipassage_record(self.corpus, p, qa, kind, length, EVAL_ARTICLES,
+                                    np.random.default_rng([self.args.question_seed, 1, KINDS.index(kind), length, i]))
+                for i, (p, qa) in enumerate(questions)]
+
+    def evaluation_set(self, key: str, make) -> tuple[list[dict], list[dict]]:
+        """(records, validation features) of ``key``; the latest two are kept (cells are scored one at a time)."""
+        if key not in self._features:
+            records = make()
+            columns = {name: [r[name] for r in records] for name in ("id", "question", "context")}
+            encoded = prepare_validation_features(columns, self.tokenizer, max_length=1 << 20)
+            features = [{"input_ids": ids, "offset_mapping": offsets, "tokens": sum(o is not None for o in offsets),
+                         "spans": np.array([(-1, -1) if o is None else o for o in offsets], dtype=np.int64)}
+                        for ids, offsets in zip(encoded["input_ids"], encoded["offset_mapping"])]
+            self._features = dict(list(self._features.items())[-1:]) | {key: (records, features)}
+        return self._features[key]
+
+    def paragraph_features(self, seed: int) -> list[dict]:
+        """Stage A's features: questions of articles 0-39 (``--a_questions`` drawn with the seed, 0: all) with their
+        gold paragraph, at most ``--a_max_length`` tokens."""
+        a = self.args
+        pool = self.corpus.question_pool(TRAIN_ARTICLES, a.max_question_length)
+        picked = np.random.default_rng([seed, 1]).permutation(len(pool))[: a.a_questions or None]
+        return as_features([gold_record(self.corpus, *pool[i]) for i in picked], self.tokenizer, a.a_max_length)
+
+    def multipassage_features(self, seed: int) -> list[dict]:
+        """Stage B's features for ``--b_steps`` batches, in order: training questions drawn with the seed, the gold
+        among ``other`` (even examples) or ``same`` (odd) distractors of articles 0-39, each batch with one target
+        length drawn from ``--b_tokens``."""
+        if seed not in self._multipassage:
+            a = self.args
+            pool = self.corpus.question_pool(TRAIN_ARTICLES, a.max_question_length)
+            order = np.random.default_rng([seed, 3]).permutation(len(pool))
+            targets = np.random.default_rng([seed, 4]).integers(a.b_tokens[0], a.b_tokens[-1] + 1, size=a.b_steps)
+            records = [multipassage_record(self.corpus, *pool[order[i % len(order)]], KINDS[i % 2],
+                                           int(targets[i // a.b_batch]), TRAIN_ARTICLES, np.random.default_rng([seed, 5, i]))
+                       for i in range(a.b_steps * a.b_batch)]
+            features = as_features(records, self.tokenizer, 1 << 20)
+            assert len(features) == len(records), "a multi-passage answer was lost to truncation"
+            self._multipassage[seed] = features
+        return self._multipassage[seed]
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Model and training
+# Models
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def convert(variant: str, args, work: Path) -> Path:
-    """The converted MiniLM for ``variant`` (the same source and head seed for both)."""
-    out = work / variant
-    if not (out / "config.json").is_file():
+def pretrained_source(args) -> Path:
+    """all-MiniLM-L6-v2: ``--pretrained`` (a verified folder) or the verified cache (fetched when missing)."""
+    return fetch_pretrained(cache_dir=args.pretrained, download=args.pretrained is None)
+
+
+def convert_init(study: Study) -> Path:
+    """MiniLM converted with no cluster layer (its first ``--layers`` layers, 0: all; the same QA head
+    initialisation for every seed): ``init/``."""
+    a, target = study.args, study.out / "init"
+    if not (target / "config.json").is_file():
+        source = pretrained_source(a)
+        scratch = target.with_name("init.partial")
         with quiet_loading():
-            convert_checkpoint(fetch_pretrained(), out, cluster_layers=[args.cluster_layer] if variant == "clusterformer" else [],
-                               num_clusters=args.num_clusters, window_size=args.window_size,
-                               window_stride=args.window_stride, max_question_length=args.max_question_length,
-                               max_context_length=1 << 17, seed=0)
-    return out
+            convert_checkpoint(source, scratch, cluster_layers=[], num_hidden_layers=a.layers or None,
+                               window_size=a.window_size,
+                               window_stride=a.window_stride, max_question_length=a.max_question_length,
+                               max_context_length=1 << 17, seed=0, overwrite=True)
+        os.replace(scratch, target)
+    return target
 
 
-def load(path: Path, seed: int):
-    from transformers import AutoTokenizer
-
+def load_model(path: Path, study: Study, **options) -> ClusterFormerForQuestionAnswering:
+    """The QA model saved in ``path`` (``options``: config changes, e.g. a cluster layer added), in train mode."""
     with quiet_loading():
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        torch.manual_seed(seed)
-        model = ClusterFormerForQuestionAnswering.from_pretrained(path).train()
-    return model, tokenizer
+        model = ClusterFormerForQuestionAnswering.from_pretrained(path, **options)
+    return model.to(study.device).train()
 
 
-def make_updater(model, args, seed: int):
+def save_model(model, study: Study, target: Path, extra: dict | None = None) -> None:
+    """Save ``model`` and the tokenizer (and ``extra`` as ``record.json``) into ``target`` in one rename."""
+    scratch = target.with_name(target.name + ".partial")
+    shutil.rmtree(scratch, ignore_errors=True)
+    with quiet_loading():
+        model.save_pretrained(scratch)
+        study.tokenizer.save_pretrained(scratch)
+    if extra is not None:
+        write_json(scratch / "record.json", extra)
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(scratch, target)
+
+
+def make_updater(model, args, seed: int) -> CentroidUpdater | None:
+    """The centroid updater of a model with a cluster layer (refits every ``--update_every_steps``), else None."""
     if not model.config.global_layers:
         return None
     settings = CentroidUpdateSettings.build(
@@ -309,56 +544,17 @@ def make_updater(model, args, seed: int):
     return CentroidUpdater(model, settings)
 
 
-def train(model, updater, stages: list[tuple[str, list[dict], int, int]], args, seed: int, pad_id: int,
-          log=print) -> list[dict]:
-    """AdamW with linear warm-up and decay over every stage's steps; ``stages``: (name, features, steps, batch)."""
-    total = sum(steps for _, _, steps, _ in stages)
-    if not total:
-        return []
-    trained = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trained, lr=args.lr, weight_decay=args.weight_decay)
-    warmup = max(1, int(args.warmup * total))
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min((s + 1) / warmup, max(0.0, (total - s) / max(1, total - warmup))))
-    rng = np.random.default_rng([seed, 2])
-    curve, step, started = [], 0, time.time()
-    model.train()
-    for name, data, steps, batch_size in stages:
-        order, cursor, losses = rng.permutation(len(data)), 0, []
-        for _ in range(steps):
-            if cursor + batch_size > len(order):
-                order, cursor = rng.permutation(len(data)), 0
-            picked = [data[i] for i in order[cursor: cursor + batch_size]]
-            cursor += batch_size
-            ids, mask = pad(picked, pad_id)
-            loss = model(input_ids=ids, attention_mask=mask, start_positions=torch.tensor([r["start"] for r in picked]),
-                         end_positions=torch.tensor([r["end"] for r in picked])).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(trained, 1.0)
-            optimizer.step()
-            schedule.step()
-            optimizer.zero_grad(set_to_none=True)
-            if updater is not None:
-                updater.step()
-            losses.append(loss.item())
-            step += 1
-            if step % args.log_every == 0 or step == total:
-                point = {"stage": name, "step": step, "loss": round(float(np.mean(losses[-args.log_every:])), 3),
-                         "lr": float(schedule.get_last_lr()[0]), "seconds": round(time.time() - started, 1)}
-                curve.append(point)
-                log(json.dumps(point))
-    return curve
-
-
 # ----------------------------------------------------------------------------------------------------------------
-# Evaluation
+# Answering and scoring
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def colocation(assignments: torch.Tensor, token_index: torch.Tensor, question: range, offsets: list,
+def colocation(assignments: torch.Tensor, token_index: torch.Tensor, question: range, spans: np.ndarray,
                record: dict, stride: int) -> dict:
     """Where the question's states land among the chunks of the cluster layer, for one input.
 
+    ``assignments`` (L,) cluster id per window slot (-1: not routed); ``token_index`` (L,) input position per slot;
+    ``spans`` (T, 2) character span of each input token in the context, (-1, -1) outside it.
     The layer sorts its routed slots by cluster id (stable, so by slot within a cluster) and cuts them into chunks of
     ``stride`` states (as `hf_clusterformer.inspection.inspect_clusters` numbers them); a question token takes part
     through its copy in every window. Returns whether the gold passage, the answer span and each distractor passage
@@ -374,25 +570,21 @@ def colocation(assignments: torch.Tensor, token_index: torch.Tensor, question: r
     question_chunks = chunk[routed & (position >= question.start) & (position < question.stop)].unique()
 
     starts = np.array([s for s, _ in record["passages"]])
-    token_passage = np.full(len(offsets), -1)  # passage of each context token, -1 elsewhere
-    for t, o in enumerate(offsets):
-        if o is not None and o[1] > o[0]:
-            token_passage[t] = int(np.searchsorted(starts, o[0], side="right")) - 1
+    begin, end = spans[:, 0], spans[:, 1]
+    token_passage = np.where(end > begin, np.searchsorted(starts, begin, side="right") - 1, -1)  # (T,), -1: none
     answer_start = record["answers"]["answer_start"][0]
     answer_end = answer_start + len(record["answers"]["text"][0])
-    is_answer = np.array([o is not None and o[0] < answer_end and o[1] > answer_start for o in offsets])
+    is_answer = (begin < answer_end) & (end > answer_start)  # (T,)
 
     slots = routed & (position >= 0)
     slot_position = position[slots].numpy()
     slot_passage = token_passage[slot_position]
     with_question = torch.isin(chunk[slots], question_chunks).numpy()  # the slot's chunk holds a question token
     context = slot_passage >= 0
-    passages = np.unique(slot_passage[context])
-    shares = {int(p): bool(with_question[slot_passage == p].any()) for p in passages}
-    gold = record["gold"]
-    distractors = [shared for p, shared in shares.items() if p != gold]
-    in_gold = slot_passage == gold
-    return {"passage": shares.get(gold, False),
+    shares = {int(p): bool(with_question[slot_passage == p].any()) for p in np.unique(slot_passage[context])}
+    distractors = [shared for p, shared in shares.items() if p != record["gold"]]
+    in_gold = slot_passage == record["gold"]
+    return {"passage": shares.get(record["gold"], False),
             "answer": bool(with_question[is_answer[slot_position]].any()),
             "distractor": float(np.mean(distractors)) if distractors else None,
             "gold_tokens": float(with_question[in_gold].mean()) if in_gold.any() else 0.0,
@@ -400,205 +592,424 @@ def colocation(assignments: torch.Tensor, token_index: torch.Tensor, question: r
 
 
 @torch.no_grad()
-def evaluate(model, tokenizer, records: list[dict], args) -> dict:
-    """EM / F1, seconds per question and (cluster layer) chunk co-location over one cell, one question at a time."""
-    model.eval()
+def answer_batch(model, study: Study, records: list[dict], features: list[dict]) -> list[dict]:
+    """Answer ``records`` in one forward pass (the model in eval mode): per record the prediction, EM and F1,
+    seconds (the forward pass and the span search, shared out; tokenising excluded), context tokens and, with a
+    cluster layer, the chunk co-location (`colocation`)."""
     cluster = bool(model.config.global_layers)
-    sep = model.config.separator_token_id
-    predictions, co, tokens, seconds = {}, [], [], 0.0
-    for record in records:
-        started = time.perf_counter()
-        features = prepare_validation_features(
-            {"id": [record["id"]], "question": [record["question"]], "context": [record["context"]]}, tokenizer,
-            max_length=1 << 20)
-        ids = torch.tensor(features["input_ids"])
-        out = model(input_ids=ids, attention_mask=torch.ones_like(ids), output_cluster_assignments=cluster)
-        predictions.update(postprocess_predictions([record], features, out.start_logits, out.end_logits,
-                                                   max_answer_length=args.max_answer_length))
-        seconds += time.perf_counter() - started
-        offsets = features["offset_mapping"][0]
-        tokens.append(sum(o is not None for o in offsets))
+    started = time.perf_counter()
+    ids, mask = pad_batch([f["input_ids"] for f in features], study.tokenizer.pad_token_id)  # (B, T)
+    ids, mask = ids.to(study.device), mask.to(study.device)
+    with torch.autocast(study.device.type, dtype=study.dtype, enabled=study.dtype != torch.float32):
+        out = model(input_ids=ids, attention_mask=mask, output_cluster_assignments=cluster)
+    starts, ends = out.start_logits.float().cpu(), out.end_logits.float().cpu()  # (B, T)
+    predictions = [postprocess_predictions([r], {"example_id": [r["id"]], "offset_mapping": [f["offset_mapping"]]},
+                                           starts[i: i + 1], ends[i: i + 1],
+                                           max_answer_length=study.args.max_answer_length)[r["id"]]
+                   for i, (r, f) in enumerate(zip(records, features))]
+    seconds = (time.perf_counter() - started) / len(records)
+    if cluster:
+        is_separator = (ids == model.config.separator_token_id) & mask.bool()
+        question_lengths = locate_question_prefix(is_separator)[1].tolist()
+    entries = []
+    for i, (record, feature, prediction) in enumerate(zip(records, features, predictions)):
+        em, f1 = squad_scores(prediction, record["answers"]["text"])
+        entry = {"id": record["id"], "prediction": prediction, "em": em, "f1": f1, "seconds": round(seconds, 4),
+                 "tokens": feature["tokens"]}
         if cluster:
-            _, question_lengths, _ = locate_question_prefix(ids == sep)
-            co.append(colocation(out.cluster_assignments[0][0], out.window_token_index[0].reshape(-1),
-                                 range(1, 1 + int(question_lengths[0])), offsets, record, model.config.window_stride))
-    scores = compute_squad(predictions, {r["id"]: r["answers"]["text"] for r in records})
-    result = {"questions": len(records), "em": round(scores["exact_match"], 2), "f1": round(scores["f1"], 2),
-              "seconds_per_question": round(seconds / len(records), 4), "context_tokens": round(float(np.mean(tokens)), 1),
-              "max_context_tokens": int(max(tokens)), "digest": cell_digest(records)}
+            entry["colocation"] = colocation(out.cluster_assignments[0][i], out.window_token_index[i].reshape(-1),
+                                             range(1, 1 + question_lengths[i]), feature["spans"], record,
+                                             model.config.window_stride)
+        entries.append(entry)
+    return entries
+
+
+def summarize(entries: list[dict], **fields) -> dict:
+    """A cell's figures from its per-question entries (``fields``: stage, model, seed, kind, length, digest)."""
+    mean = lambda values: round(float(np.mean(values)), 2)  # noqa: E731
+    cell = {**fields, "questions": len(entries), "em": mean([e["em"] for e in entries]),
+            "f1": mean([e["f1"] for e in entries]), "seconds_per_question": round(float(np.mean([e["seconds"] for e in entries])), 4),
+            "context_tokens": round(float(np.mean([e["tokens"] for e in entries])), 1),
+            "max_context_tokens": int(max(e["tokens"] for e in entries))}
+    co = [e["colocation"] for e in entries if "colocation" in e]
     if co:
-        result["gold_passage_colocated"] = round(100 * float(np.mean([c["passage"] for c in co])), 1)
-        result["answer_colocated"] = round(100 * float(np.mean([c["answer"] for c in co])), 1)
+        share = lambda key: round(100 * float(np.mean([c[key] for c in co])), 1)  # noqa: E731
         rates = [c["distractor"] for c in co if c["distractor"] is not None]
-        result["distractor_colocated"] = round(100 * float(np.mean(rates)), 1) if rates else None
-        result["gold_tokens_with_question"] = round(100 * float(np.mean([c["gold_tokens"] for c in co])), 1)
-        result["context_tokens_with_question"] = round(100 * float(np.mean([c["context_tokens"] for c in co])), 1)
-    result["predictions"] = predictions
-    model.train()
+        cell.update(gold_passage_colocated=share("passage"), answer_colocated=share("answer"),
+                    distractor_colocated=round(100 * float(np.mean(rates)), 1) if rates else None,
+                    gold_tokens_with_question=share("gold_tokens"), context_tokens_with_question=share("context_tokens"))
+    cell["per_question"] = entries
+    return cell
+
+
+def score_cell(study: Study, seed: int, stage: str, name: str, model, cell: tuple[str, int], later: float) -> dict:
+    """Score one model on one cell and write its file; resumes from the partial file (every ``--eval_log_every``
+    questions). ``later``: the cost model's seconds of this process's cells after this one (for the ETA line)."""
+    path = study.cell_path(seed, stage, name, *cell)
+    if path.is_file():
+        return read_json(path)
+    a, kind, length = study.args, *cell
+    records, features = study.evaluation_set(cell_name(*cell), lambda: study.cell_records(kind, length))
+    digest = cell_digest(records)
+    partial = path.with_name(path.stem + ".partial.json")
+    saved = read_json(partial) if partial.is_file() else {}
+    entries = saved["entries"] if saved.get("digest") == digest else []
+    label = f"[C {stage}-{name} seed {seed}] {cell_name(*cell)}"
+    if entries:
+        say(f"{label}: resumed at question {len(entries)}/{len(records)}")
+    model.eval()
+    while len(entries) < len(records):
+        done = len(entries)
+        entries += answer_batch(model, study, records[done: done + a.eval_batch], features[done: done + a.eval_batch])
+        if len(entries) // a.eval_log_every > done // a.eval_log_every or len(entries) == len(records):
+            write_json(partial, {"digest": digest, "entries": entries})
+            per_question = float(np.mean([e["seconds"] for e in entries]))
+            ratio = per_question / max(predicted_seconds_per_question(a, name, *cell), 1e-9)
+            left = per_question * (len(records) - len(entries))
+            say(f"{label} question {len(entries)}/{len(records)}: {per_question:.3f} s/question, cell ETA "
+                f"{left / 60:.1f} min, this process's cells ETA {(left + later * ratio) / 60:.1f} min")
+    result = summarize(entries, stage=stage, model=name, seed=seed, kind=kind, length=length, digest=digest)
+    write_json(path, result)
+    partial.unlink(missing_ok=True)
+    say(f"{label}: EM {result['em']:.1f} F1 {result['f1']:.1f} over {len(entries)} questions, "
+        f"{result['context_tokens']:.0f} tokens, {result['seconds_per_question']:.3f} s/question -> {path}")
     return result
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# One variant
-# ----------------------------------------------------------------------------------------------------------------
+def score_cells(study: Study, seed: int, stage: str, models: dict, cells: list[tuple[str, int]]) -> None:
+    """Score every model on every cell, cell by cell (each cell's inputs are built once for all models)."""
+    a = study.args
+    pending = [(cell, name) for cell in cells for name in models
+               if not study.cell_path(seed, stage, name, *cell).is_file()]
+    for i, (cell, name) in enumerate(pending):
+        if study.out_of_time():
+            say(f"[C {stage} seed {seed}] out of time (--time_limit {a.time_limit} s): {len(pending) - i} cells left")
+            return
+        later = sum(cell_seconds(a, n, *c, len(study.questions()[0])) for c, n in pending[i + 1:])
+        score_cell(study, seed, stage, name, models[name], cell, later)
 
 
-def training_stages(corpus: Corpus, tokenizer, args, seed: int) -> list[tuple[str, list[dict], int, int]]:
-    pool = corpus.question_pool(tuple(args.train_articles), args.max_question_length)
-    picked = np.random.default_rng([seed, 1]).permutation(len(pool))[: args.train_questions]
-    gold = to_features([gold_record(corpus, *pool[i]) for i in picked], tokenizer, args.max_length)
-    stages = [("gold", gold, args.steps, args.batch_size)]
-    if args.mp_steps:
-        count = min(len(picked), args.mp_steps * args.mp_batch_size)
-        targets = np.random.default_rng([seed, 3]).integers(args.mp_tokens[0], args.mp_tokens[1] + 1, size=count)
-        records = [multipassage_record(corpus, *pool[i], "other", int(t), tuple(args.train_articles),
-                                       np.random.default_rng([seed, 4, j]), args.passage_marker)
-                   for j, (i, t) in enumerate(zip(picked[:count], targets))]
-        stages.append(("multipassage", to_features(records, tokenizer, 1 << 20), args.mp_steps, args.mp_batch_size))
-    return stages
-
-
-def run_variant(variant: str, args, work: Path, out_dir: Path) -> list[Path]:
-    """Train and score ``variant`` for every seed; one JSON per seed."""
-    torch.set_num_threads(args.threads)
-    path = convert(variant, args, work)
-    written = []
-    cells = None
-    for seed in args.seeds:
-        started = time.time()
-        model, tokenizer = load(path, seed)
-        if cells is None:
-            corpus = Corpus(args.squad_path, tokenizer)
-            cells = eval_cells(corpus, args)
-        stages = training_stages(corpus, tokenizer, args, seed)
-        updater = make_updater(model, args, seed)
-        log = lambda line: print(f"[{variant} seed {seed}] {line}", flush=True)  # noqa: E731
-        log(f"training on {len(stages[0][1])} gold-paragraph features"
-            + (f" and {len(stages[1][1])} multi-passage ones" if len(stages) > 1 else ""))
-        curve = train(model, updater, stages, args, seed, tokenizer.pad_token_id, log)
-        refit = None
-        if updater is not None:
-            if not args.no_final_refit:
-                stats = updater.update()
-                refit = stats is not None
-            fitted, updates = updater.fitted, updater.num_updates
-            updater.close()
-        train_seconds = time.time() - started
-        results = []
-        for (kind, length), records in cells.items():
-            result = {"kind": kind, "length": length, **evaluate(model, tokenizer, records, args)}
-            results.append(result)
-            shown = {k: v for k, v in result.items() if k not in ("predictions", "digest")}
-            log(json.dumps(shown))
-            if kind == ORACLE:
-                log(f"ORACLE (gold paragraph alone): EM {result['em']:.1f}  F1 {result['f1']:.1f}")
-        record = {
-            "variant": variant, "seed": seed, "args": {k: v for k, v in vars(args).items() if k != "child_config"},
-            "threads": torch.get_num_threads(), "train_features": {name: len(data) for name, data, _, _ in stages},
-            "curve": curve, "train_seconds": round(train_seconds, 1), "eval_seconds": round(time.time() - started - train_seconds, 1),
-            "question_ids": [r["id"] for r in cells[(ORACLE, 0)]], "cells": results,
-        }
-        if updater is not None:
-            record["centroids"] = {"fitted": fitted, "refits": updates, "final_refit": refit}
-        target = out_dir / f"{variant}-seed{seed}.json"
-        target.write_text(json.dumps(record, indent=1) + "\n")
-        written.append(target)
-        log(f"wrote {target}")
-    return written
+def quick_scores(model, study: Study, key: str, records: list[dict]) -> dict:
+    """{"em", "f1"} of ``model`` on ``records`` (stage A's learning curve)."""
+    records, features = study.evaluation_set(key, lambda: records)
+    entries = []
+    for begin in range(0, len(records), study.args.eval_batch):
+        entries += answer_batch(model, study, records[begin: begin + study.args.eval_batch],
+                                features[begin: begin + study.args.eval_batch])
+    return {"em": round(float(np.mean([e["em"] for e in entries])), 2),
+            "f1": round(float(np.mean([e["f1"] for e in entries])), 2)}
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Budget
+# Budget: a cost model in window slots, printed before the start and checked against the first timed steps
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def window_slots(rows: list[int], questions: list[int], args) -> int:
-    """Window slots the model runs for a batch: B x K x S, with K the windows of its longest context
-    (`count_windows`) and S the longest question prefix plus ``window_size``; the cost of a step or forward pass grows
-    with them (windows are padded to S slots, batches to K windows)."""
-    windows = count_windows(max(rows), args.window_size, args.window_stride)
-    return len(rows) * windows * (max(questions) + 2 + args.window_size)
+def slots(args, context_tokens: float) -> int:
+    """Window slots of one input of ``context_tokens`` (`count_windows` x (question allowance + window)): what a
+    forward or training pass costs, since windows are padded to the same width."""
+    return count_windows(int(context_tokens), args.window_size, args.window_stride) * (16 + 2 + args.window_size)
 
 
-def budget(args, work: Path) -> dict:
-    """Time ``--budget_steps`` training steps (batch ``--budget_batch`` of ``--budget_tokens`` real-text tokens) and
-    one evaluation forward pass of ``--budget_eval_tokens`` context tokens, on one thread; estimate the configured run
-    from them, scaled by window slots (`window_slots`)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    variant = args.variants[0]
-    started = time.time()
-    path = convert(variant, args, work)
-    model, tokenizer = load(path, 0)
-    setup = time.time() - started
-    corpus = Corpus(args.squad_path, tokenizer)
-    pool = corpus.question_pool(tuple(args.train_articles), args.max_question_length)
-    rng = np.random.default_rng(12345)
-    records = [multipassage_record(corpus, *pool[int(i)], "other", 2 * args.budget_tokens, tuple(args.train_articles),
-                                   np.random.default_rng([12345, j]))
-               for j, i in enumerate(rng.permutation(len(pool))[: args.budget_batch])]
-    columns = {key: [r[key] for r in records] for key in ("id", "question", "context", "answers")}
-    quiet = logging.getLogger("hf_clusterformer.features")
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)  # most of these are cut before their answer: labelled at 0, as good for timing
-    features = prepare_train_features(columns, tokenizer, max_length=args.budget_tokens)
-    quiet.setLevel(level)
-    batch = [{"ids": ids, "start": s, "end": e} for ids, s, e in
-             zip(features["input_ids"], features["start_positions"], features["end_positions"])]
-    question_tokens = [len(tokenizer(r["question"].lstrip(), add_special_tokens=False)["input_ids"]) for r in records]
-    budget_slots = window_slots([len(b["ids"]) - q - 3 for b, q in zip(batch, question_tokens)], question_tokens, args)
-    updater = make_updater(model, args, 0)
-    timed = argparse.Namespace(**{**vars(args), "log_every": 10**9, "warmup": 0.1})
-    started, cpu = time.time(), time.process_time()
-    train(model, updater, [("budget", batch, args.budget_steps, args.budget_batch)], timed, 0, tokenizer.pad_token_id,
-          log=lambda line: None)
-    step_seconds = (time.time() - started) / args.budget_steps
-    cpu_share = (time.process_time() - cpu) / (time.time() - started)
+def predicted_seconds_per_question(args, model: str, kind: str, length: int) -> float:
+    factor = COSTS["cluster_eval"] if model == "clusterformer" else 1.0
+    return COSTS["eval_slot"] * factor * slots(args, 150 if kind == ORACLE else length)
+
+
+def cell_seconds(args, model: str, kind: str, length: int, questions: int) -> float:
+    return questions * predicted_seconds_per_question(args, model, kind, length)
+
+
+def step_seconds(args, stage: str, model: str = "sliding") -> float:
+    """Predicted seconds of one training step: stage A (2 threads, a batch of paragraphs) or B (one thread)."""
+    if stage == "A":
+        rows = args.a_batch * slots(args, args.a_max_length - 16)
+        return COSTS["train_slot"] * rows / COSTS["two_threads"]
+    factor = COSTS["cluster_train"] if model == "clusterformer" else 1.0
+    return COSTS["train_slot"] * factor * args.b_batch * slots(args, sum(args.b_tokens) / 2)
+
+
+def estimate(args, questions: int, scale: dict | None = None) -> dict:
+    """Seconds of one seed per stage at the cost model's speed times ``scale`` ({"A", "B", "C"}: measured over
+    predicted); the models' work after A counts once with ``--parallel`` (side by side) and twice without."""
+    scale = {"A": 1.0, "B": 1.0, "C": 1.0, **(scale or {})}
+    both = max if args.parallel else sum
+    a_cap, b_cap = args.a_seconds or float("inf"), args.b_seconds or float("inf")
+    curve = -(-args.a_steps // args.a_eval_every) * args.a_eval_questions * predicted_seconds_per_question(args, "sliding", ORACLE, 0)
+    stages = {
+        "A": min(args.a_steps * step_seconds(args, "A") * scale["A"], a_cap) + curve * scale["C"],
+        "fit": args.fit_batches * step_seconds(args, "B", "clusterformer") / 3 / COSTS["two_threads"] * scale["A"],
+        "start cells": both(sum(cell_seconds(args, m, *c, questions) for c in start_cells(args)) for m in MODELS) * scale["C"],
+        "B probe": sum(args.probe_steps * step_seconds(args, "B", m) for m in MODELS) * scale["B"],
+        "B": both(min(args.b_steps * step_seconds(args, "B", m) * scale["B"], b_cap) for m in MODELS),
+        "C": both(sum(cell_seconds(args, m, *c, questions) for c in final_cells(args)) for m in MODELS) * scale["C"],
+    }
+    stages["per seed"] = sum(stages.values())
+    stages["all seeds"] = stages["per seed"] * len(args.seeds)
+    return {key: round(value) for key, value in stages.items()}
+
+
+def print_plan(study: Study) -> dict:
+    """Print the plan and its estimated time; write ``budget.json``."""
+    a, questions = study.args, len(study.questions()[0])
+    lengths = lambda values: "/".join(f"{v / 1000:g}k" for v in values)  # noqa: E731
+    say(f"PLAN ({len(a.seeds)} seed(s) {a.seeds}, {a.device}): A {a.a_steps} steps x {a.a_batch} paragraphs "
+        f"(<= {a.a_max_length} tokens, at most {a.a_seconds or 'any'} s) on {a.threads_a} threads; centroid fit on "
+        f"{a.fit_batches} batches; both starts scored on the oracle + other {lengths(a.start_lengths)}; B "
+        f"{a.b_steps} steps x {a.b_batch} contexts of {a.b_tokens[0]}-{a.b_tokens[-1]} tokens per model (sized after "
+        f"{a.probe_steps} timed steps to at most {a.b_seconds or 'any'} s), "
+        f"{'side by side, ' + str(a.threads) + ' thread(s) each' if a.parallel else 'one model after the other'}; "
+        f"C {questions} questions x {len(final_cells(a))} cells (oracle, other {lengths(a.other_lengths)}, same "
+        f"{lengths(a.same_lengths)}) per model")
+    plan = estimate(a, questions)
+    budget = {"plan": plan, "costs": COSTS, "device": a.device}
+    if study.device.type == "cpu":
+        say("ESTIMATE (cost model of this machine, one core per process): " + ", ".join(
+            f"{k} {v / 60:.1f} min" for k, v in plan.items() if k not in ("per seed", "all seeds"))
+            + f": {plan['per seed'] / 3600:.2f} h per seed, {plan['all seeds'] / 3600:.2f} h in all")
+    else:
+        say(f"ESTIMATE: no cost model for {a.device}; the progress lines' ETAs come from the first timed steps")
+    if not study.args.plan_only:
+        path = study.out / "budget.json"
+        write_json(path, {**(read_json(path) if path.is_file() else {}), **budget})
+    return plan
+
+
+def budget_check(study: Study, stage: str, measured: float, predicted: float) -> None:
+    """Print the study's estimate again with ``stage``'s measured over predicted step time applied to that stage and
+    every later one (and record it in ``budget.json``)."""
+    a, questions = study.args, len(study.questions()[0])
+    path = study.out / "budget.json"
+    budget = read_json(path) if path.is_file() else {}
+    ratio = measured / predicted
+    scale = {"A": ratio, "B": ratio, "C": ratio} if stage == "A" else {**budget.get("scale", {}), "B": ratio, "C": ratio}
+    revised = estimate(a, questions, scale)
+    write_json(path, {**budget, "scale": scale, f"check {stage}": {"measured": round(measured, 3),
+                                                                   "predicted": round(predicted, 3), "estimate": revised}})
+    say(f"BUDGET CHECK ({stage}): {measured:.2f} s per step against {predicted:.2f} planned (x{measured / predicted:.2f}); "
+        f"the study now estimated at {revised['all seeds'] / 3600:.2f} h (planned {budget.get('plan', {}).get('all seeds', 0) / 3600:.2f} h)")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Stages
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def stage_a(study: Study, seed: int) -> None:
+    """Paragraph QA fine-tune of the converted MiniLM: ``A/model``, resumable from ``A/checkpoint``."""
+    a, folder = study.args, study.seed_dir(seed) / "A"
+    if (folder / "model" / "record.json").is_file():
+        say(f"[A seed {seed}] done ({folder / 'model'}): skipped")
+        return
+    torch.set_num_threads(a.threads_a)
+    model = load_model(study.out / "init", study)
+    features = study.paragraph_features(seed)
+    curve_records = study.cell_records(ORACLE, 0, study.questions()[1])
+    say(f"[A seed {seed}] {len(features)} paragraph features; curve on {len(curve_records)} held-out questions")
+    evaluated = {"seconds": 0.0, "resumed": (folder / "checkpoint").is_dir()}
+
+    def curve(m) -> dict:
+        began = time.time()
+        scores = quick_scores(m, study, "curve", curve_records)
+        evaluated["seconds"] += time.time() - began
+        return scores
+
+    def check(point: dict) -> None:
+        if not evaluated.pop("resumed", True) and study.device.type == "cpu":  # the first point of a fresh start
+            measured = (point["seconds"] - evaluated["seconds"]) / point["global_step"]
+            budget_check(study, "A", measured, step_seconds(a, "A"))
+
+    stage = TrainStage("A", features, a.a_steps, a.a_batch, a.a_lr, warmup=a.a_warmup, schedule="linear",
+                       order="epochs", max_seconds=a.a_seconds or None)
+    seed_everything(seed)
+    result = train_stages(model, [stage], pad_id=study.tokenizer.pad_token_id, evaluate=curve,
+                          eval_every=a.a_eval_every, seed=seed, checkpoint_dir=folder / "checkpoint",
+                          checkpoint_every=a.checkpoint_every, log_every=a.log_every, label=f"A seed {seed}",
+                          device=study.device, dtype=study.dtype, print_fn=say, on_point=check)
+    save_model(model, study, folder / "model", {"features": len(features), "curve_questions": len(curve_records),
+                                                "steps": result["stages"]["A"], **result})
+    f1 = result["curve"][-1]["f1"] if result["curve"] else float("nan")
+    say(f"[A seed {seed}] done: {result['stages']['A']} steps, {result['seconds'] / 60:.1f} min; held-out oracle F1 "
+        f"{f1:.1f}" + ("" if f1 >= 50 else " (below 50: the start reads paragraphs less well than intended)"))
+
+
+def fit_start(study: Study, seed: int) -> None:
+    """Cluster-Former's start: stage A's weights with a cluster layer, its centroids fitted on states banked by
+    train-mode forward passes (no gradients) over stage B's first ``--fit_batches`` batches."""
+    a, target = study.args, study.start_path(seed, "clusterformer")
+    if (target / "record.json").is_file():
+        say(f"[fit seed {seed}] done ({target}): skipped")
+        return
+    torch.set_num_threads(a.threads_a)
+    began = time.time()
+    model = load_model(study.start_path(seed, "sliding"), study, cluster_layers=[a.cluster_layer],
+                       num_clusters=a.num_clusters)
+    updater = make_updater(model, a, seed)
+    data = study.multipassage_features(seed)[: a.fit_batches * a.b_batch]
+    seed_everything(seed)
+    with torch.no_grad(), torch.autocast(study.device.type, dtype=study.dtype, enabled=study.dtype != torch.float32):
+        for begin in range(0, len(data), a.b_batch):
+            ids, mask = pad_batch([f["input_ids"] for f in data[begin: begin + a.b_batch]], study.tokenizer.pad_token_id)
+            model(input_ids=ids.to(study.device), attention_mask=mask.to(study.device))
+    banked = updater.num_states()
+    stats = updater.update()
+    if stats is None:
+        raise RuntimeError(f"the centroid fit found too few states: {updater.unfitted_report()}")
+    updater.close()
+    record = {"states": banked, "batches": a.fit_batches, "seconds": round(time.time() - began, 1),
+              "stats": {layer: dataclasses.asdict(s) for layer, s in stats.items()}}
+    save_model(model, study, target, record)
+    say(f"[fit seed {seed}] centroids of layer {a.cluster_layer} fitted on {banked} states in {record['seconds']} s")
+
+
+def probe_b(study: Study, seed: int, name: str, model) -> None:
+    """Time ``--probe_steps`` steps of stage B on ``model`` (a copy of its start, thrown away after): the seconds per
+    step, without the first, scaled from the probe's batches to stage B's by their window slots."""
+    a, path = study.args, study.seed_dir(seed) / "B" / f"probe-{name}.json"
+    if path.is_file():
+        return
+    data = study.multipassage_features(seed)
+    updater = make_updater(model, a, seed)
+    seed_everything(seed)
+    result = train_stages(model, [TrainStage("probe", data[: a.probe_steps * a.b_batch], a.probe_steps, a.b_batch,
+                                             a.b_lr, warmup=a.probe_steps)],
+                          pad_id=study.tokenizer.pad_token_id, updater=updater, seed=seed, log_every=1,
+                          label=f"B probe {name} seed {seed}", device=study.device, dtype=study.dtype, print_fn=say)
     if updater is not None:
         updater.close()
-    eval_record = multipassage_record(corpus, *pool[0], "other", args.budget_eval_tokens, tuple(args.eval_articles),
-                                      np.random.default_rng(0))
-    started = time.time()
-    probe = evaluate(model, tokenizer, [eval_record], args)
-    eval_seconds = time.time() - started
-    probe_q = len(tokenizer(eval_record["question"].lstrip(), add_special_tokens=False)["input_ids"])
-    eval_slots = window_slots([int(probe["context_tokens"])], [probe_q], args)
-    torch.set_num_threads(threads)
+    seconds = np.diff([0.0] + [entry["seconds"] for entry in result["log"]])[1:]
+    batch_slots = [sum(slots(a, len(f["input_ids"])) for f in data[b: b + a.b_batch]) for b in range(0, len(data), a.b_batch)]
+    scale = float(np.mean(batch_slots)) / float(np.mean(batch_slots[1: a.probe_steps]))
+    per_step = float(np.mean(seconds)) * scale
+    write_json(path, {"model": name, "steps": a.probe_steps, "step_seconds": seconds.tolist(),
+                      "seconds_per_step": round(per_step, 3), "slot_scale": round(scale, 3)})
+    say(f"[B probe {name} seed {seed}] {per_step:.2f} s per step of stage B (probe steps x{scale:.2f})")
 
-    # the configured run: seconds per window slot from the measurements, times the run's slots
-    gold = training_stages(corpus, tokenizer, argparse.Namespace(**{**vars(args), "mp_steps": 0}), args.seeds[0])[0][1]
-    first_sep = [f["ids"].index(tokenizer.sep_token_id) for f in gold]  # [CLS] Q [SEP]: the question has sep - 1 tokens
-    contexts = [len(f["ids"]) - s - 2 for f, s in zip(gold, first_sep)]
-    samples = [rng.choice(len(gold), min(args.batch_size, len(gold)), replace=False) for _ in range(200)]
-    gold_slots = float(np.mean([window_slots([contexts[i] for i in b], [first_sep[i] - 1 for i in b], args) for b in samples]))
-    mean_q = float(np.mean(first_sep)) - 1
-    mp_slots = window_slots([sum(args.mp_tokens) // 2] * args.mp_batch_size, [int(mean_q)] * args.mp_batch_size, args)
-    train_seconds = step_seconds / budget_slots * (args.steps * gold_slots + args.mp_steps * mp_slots)
-    oracle_tokens = corpus.lengths([p for p, _ in corpus.question_pool(tuple(args.eval_articles), 10**6)])
-    per_question = window_slots([int(np.mean(oracle_tokens))], [int(mean_q)], args) + len(args.kinds) * sum(
-        window_slots([length], [int(mean_q)], args) for length in args.lengths if length > 0)
-    eval_total = eval_seconds / eval_slots * args.eval_questions * per_question
-    per_seed = setup + train_seconds + eval_total
-    runs = len(args.seeds) * len(args.variants)
-    estimate = {
-        "variant_timed": variant, "threads": 1, "cpu_share_while_timing": round(cpu_share, 2),
-        "setup_seconds": round(setup, 1), "budget_steps": args.budget_steps, "budget_batch": args.budget_batch,
-        "budget_tokens": args.budget_tokens, "seconds_per_step": round(step_seconds, 2),
-        "seconds_per_eval_forward": round(eval_seconds, 2), "eval_forward_tokens": probe["context_tokens"],
-        "train_step_cost_vs_budget_batch": round(gold_slots / budget_slots, 3),
-        "train_seconds_per_seed": round(train_seconds), "eval_seconds_per_seed": round(eval_total),
-        "seconds_per_variant_seed": round(per_seed), "runs": runs, "sequential_seconds": round(per_seed * runs),
-        "parallel_seconds": round(per_seed * len(args.seeds)) if len(args.variants) > 1 else round(per_seed * runs),
-    }
-    print(f"BUDGET (one thread, {variant}, {cpu_share:.0%} of a core while timing): {step_seconds:.2f} s per step of "
-          f"{args.budget_batch} x {args.budget_tokens} tokens ({args.budget_steps} steps); {eval_seconds:.2f} s per "
-          f"evaluation forward of {probe['context_tokens']:.0f} context tokens", flush=True)
-    print(f"ESTIMATE of the configured run ({runs} variant-seed runs of {args.steps} + {args.mp_steps} steps, "
-          f"{args.eval_questions} questions x ({len(args.kinds)} kinds x lengths {args.lengths} + oracle)): "
-          f"{per_seed / 60:.1f} min per variant and seed (train {train_seconds / 60:.1f}, eval {eval_total / 60:.1f}); "
-          f"{per_seed * runs / 3600:.2f} h one after the other, {estimate['parallel_seconds'] / 3600:.2f} h with "
-          "--parallel on free cores (one per process, each getting the CPU share this one got)", flush=True)
-    return estimate
+
+def size_b(study: Study, seed: int) -> int:
+    """Stage B's steps, the same for both models: as many as ``--b_seconds`` allow the slower one."""
+    a, path = study.args, study.seed_dir(seed) / "B" / "size.json"
+    if path.is_file():
+        return read_json(path)["steps"]
+    probes = {m: read_json(study.seed_dir(seed) / "B" / f"probe-{m}.json")["seconds_per_step"] for m in MODELS}
+    slowest = max(max(probes.values()), 1e-3)
+    steps = a.b_steps if not a.b_seconds else int(np.clip(a.b_seconds // slowest, a.b_min_steps, a.b_steps))
+    write_json(path, {"steps": steps, "probe_seconds_per_step": probes, "b_seconds": a.b_seconds})
+    say(f"[B seed {seed}] {steps} steps for both models (slowest {slowest:.2f} s per step, {a.b_seconds} s allowed)")
+    if study.device.type == "cpu":
+        budget_check(study, "B", slowest, step_seconds(a, "B", "clusterformer"))
+    return steps
+
+
+def train_b(study: Study, seed: int, name: str, steps: int):
+    """Stage B for ``name`` from its start: ``B/<name>/model`` (centroids refitted once more after the last step),
+    resumable from ``B/<name>/checkpoint``."""
+    a, folder = study.args, study.seed_dir(seed) / "B" / name
+    if (folder / "model" / "record.json").is_file():
+        say(f"[B {name} seed {seed}] done: skipped")
+        return load_model(folder / "model", study)
+    model = load_model(study.start_path(seed, name), study)
+    updater = make_updater(model, a, seed)
+    data = study.multipassage_features(seed)[: steps * a.b_batch]
+    stage = TrainStage("B", data, steps, a.b_batch, a.b_lr, warmup=max(1, round(a.b_warmup * steps)),
+                       schedule="linear", order="sequential")
+    seed_everything(seed)
+    result = train_stages(model, [stage], pad_id=study.tokenizer.pad_token_id, updater=updater, seed=seed,
+                          checkpoint_dir=folder / "checkpoint", checkpoint_every=a.checkpoint_every,
+                          log_every=a.log_every, label=f"B {name} seed {seed}", device=study.device,
+                          dtype=study.dtype, print_fn=say)
+    record = {"features": len(data), "steps": steps, **result}
+    if updater is not None:
+        updater.update()
+        record["centroids"] = {"fitted": updater.fitted, "refits": updater.num_updates}
+        updater.close()
+    save_model(model, study, folder / "model", record)
+    say(f"[B {name} seed {seed}] done: {steps} steps in {result['seconds'] / 60:.1f} min")
+    return model
+
+
+def probes(study: Study, seed: int) -> None:
+    """Time stage B on each model's start (`probe_b`), one after the other on ``--threads`` threads."""
+    todo = [n for n in MODELS if not (study.seed_dir(seed) / "B" / f"probe-{n}.json").is_file()]
+    torch.set_num_threads(study.args.threads)
+    for name in todo:
+        probe_b(study, seed, name, load_model(study.start_path(seed, name), study))
+
+
+def pending(study: Study, seed: int, name: str) -> bool:
+    """Whether ``name`` has a cell left to score (stage A's or C's)."""
+    cells = [("A", c) for c in start_cells(study.args)] + [("B", c) for c in final_cells(study.args)]
+    return any(not study.cell_path(seed, stage, name, *c).is_file() for stage, c in cells)
+
+
+def model_work(study: Study, seed: int, names: list[str]) -> None:
+    """Per model: score its start on stage A's cells, train stage B, score stage C's cells."""
+    names = [n for n in names if pending(study, seed, n)]
+    if not names:
+        return
+    starts = {n: load_model(study.start_path(seed, n), study) for n in names
+              if any(not study.cell_path(seed, "A", n, *c).is_file() for c in start_cells(study.args))}
+    score_cells(study, seed, "A", starts, start_cells(study.args))
+    del starts
+    steps = read_json(study.seed_dir(seed) / "B" / "size.json")["steps"]
+    models = {n: train_b(study, seed, n, steps) for n in names}
+    score_cells(study, seed, "B", models, final_cells(study.args))
+
+
+def run_models(study: Study, seed: int) -> None:
+    """`model_work` for both models: in this process (``--no-parallel``), or one process per model side by side
+    (only for models with work left)."""
+    if not study.args.parallel:
+        torch.set_num_threads(study.args.threads)
+        model_work(study, seed, list(MODELS))
+        return
+    env = {**os.environ, "OMP_NUM_THREADS": str(study.args.threads), "TOKENIZERS_PARALLELISM": "false"}
+    workers = [subprocess.Popen([sys.executable, str(SCRIPT), *study.args.argv, "--worker_seed", str(seed),
+                                 "--worker_models", name], env=env) for name in MODELS if pending(study, seed, name)]
+    codes = [w.wait() for w in workers]
+    if any(codes):
+        raise SystemExit(f"seed {seed}: a model's process failed (exit codes {codes}); run the same command again "
+                         "to resume")
+
+
+def check_config(study: Study) -> None:
+    """Record the run's settings in ``config.json``; refuse a folder made with other settings."""
+    path = study.out / "config.json"
+    config = {k: v for k, v in sorted(vars(study.args).items()) if k not in RUN_ONLY}
+    if path.is_file():
+        saved = read_json(path)
+        changed = sorted(k for k in config.keys() | saved.keys() if config.get(k) != saved.get(k))
+        if changed:
+            raise SystemExit(f"{study.out} holds a run with other settings ({', '.join(changed)}); resume it with its "
+                             "own settings, or use another --output_dir")
+    else:
+        write_json(path, config)
+
+
+def run_study(study: Study) -> None:
+    """Every stage of every seed, skipping what is done, then the record."""
+    a = study.args
+    if a.plan_only:
+        print_plan(study)
+        return
+    study.out.mkdir(parents=True, exist_ok=True)
+    check_config(study)
+    convert_init(study)
+    print_plan(study)
+    started = time.time()
+    for seed in a.seeds:
+        if study.out_of_time():
+            say(f"out of time (--time_limit {a.time_limit} s): seed {seed} and later not run")
+            break
+        stage_a(study, seed)
+        fit_start(study, seed)
+        probes(study, seed)
+        size_b(study, seed)
+        run_models(study, seed)
+        say(f"STUDY seed {seed} done after {(time.time() - started) / 60:.1f} min in this process")
+    path = study.out / "budget.json"
+    write_json(path, {**read_json(path), "last_run_wall_seconds": round(time.time() - started)})
+    write_report(study)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -606,15 +1017,46 @@ def budget(args, work: Path) -> dict:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def collect(out_dir: Path) -> dict:
-    """{variant: {(kind, length): [cell of each seed]}} from the per-seed JSON in ``out_dir``."""
-    table: dict = {}
-    for path in sorted(out_dir.glob("*-seed*.json")):
-        record = json.loads(path.read_text())
-        for cell in record["cells"]:
-            table.setdefault(record["variant"], {}).setdefault((cell["kind"], cell["length"]), []).append(
-                {**cell, "seed": record["seed"]})
-    return table
+def paired_bootstrap(first, second, samples: int = 10000, seed: int = 0) -> dict:
+    """Mean of ``first - second`` over paired items (questions) and its 95 % percentile bootstrap interval.
+
+    ``first``, ``second``: (N,) scores of the same items. Resamples the N differences with replacement ``samples``
+    times (seeded) and takes the 2.5th and 97.5th percentiles of the resampled means.
+    """
+    diff = np.asarray(first, dtype=np.float64) - np.asarray(second, dtype=np.float64)
+    if diff.ndim != 1 or not len(diff):
+        raise ValueError(f"expected two equal-length 1-D score lists, got a difference of shape {diff.shape}")
+    rng = np.random.default_rng(seed)
+    means = np.concatenate([diff[rng.integers(0, len(diff), size=(min(1000, samples - done), len(diff)))].mean(axis=1)
+                            for done in range(0, samples, 1000)])
+    low, high = np.percentile(means, [2.5, 97.5])
+    return {"difference": float(diff.mean()), "low": float(low), "high": float(high), "questions": int(len(diff)),
+            "samples": samples}
+
+
+def collect(out: Path) -> list[dict]:
+    """Every finished cell under ``out`` (``seed*/cells/<stage>-<model>/<cell>.json``)."""
+    return [read_json(p) for p in sorted(out.glob("seed*/cells/*/*.json")) if not p.name.endswith(".partial.json")]
+
+
+def comparisons(cells: list[dict], samples: int) -> list[dict]:
+    """Per stage and cell: Cluster-Former's F1 minus the sliding model's, paired over questions (each question's
+    difference averaged over the seeds both models have), with a bootstrap 95 % interval."""
+    by_key: dict = {}
+    for c in cells:
+        by_key.setdefault((c["stage"], c["kind"], c["length"]), {}).setdefault(c["model"], {})[c["seed"]] = c
+    rows = []
+    for (stage, kind, length), models in sorted(by_key.items(), key=lambda item: (item[0][0], item[0][2], item[0][1])):
+        seeds = sorted(set(models.get("clusterformer", {})) & set(models.get("sliding", {})))
+        if not seeds:
+            continue
+        ids = [[e["id"] for e in models[m][s]["per_question"]] for m in MODELS for s in seeds]
+        assert all(i == ids[0] for i in ids), f"cells of {stage} {kind} {length} hold other questions"
+        f1 = {m: np.mean([[e["f1"] for e in models[m][s]["per_question"]] for s in seeds], axis=0) for m in MODELS}
+        rows.append({"stage": stage, "kind": kind, "length": length, "seeds": seeds,
+                     "clusterformer_f1": float(f1["clusterformer"].mean()), "sliding_f1": float(f1["sliding"].mean()),
+                     **paired_bootstrap(f1["clusterformer"], f1["sliding"], samples)})
+    return rows
 
 
 def _mean(cells: list[dict], key: str) -> float | None:
@@ -626,58 +1068,117 @@ def _fmt(value: float | None, digits: int = 1) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
-def write_report(out_dir: Path) -> Path:
-    table = collect(out_dir)
-    if not table:
-        raise FileNotFoundError(f"no *-seed*.json in {out_dir}")
-    lines = ["| model | context | kind | tokens (mean) | EM | F1 | F1 per seed | s / question | gold passage shares a "
-             "chunk with the question (%) | a distractor does (%) | the answer does (%) | gold tokens in a question "
-             "chunk (%) | context tokens in a question chunk (%) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for variant, cells in table.items():
-        for (kind, length), runs in sorted(cells.items(), key=lambda item: (item[0][1], item[0][0])):
-            lines.append(" | ".join([
-                f"| {variant}", "gold paragraph" if kind == ORACLE else f"{length}", kind,
-                _fmt(_mean(runs, "context_tokens"), 0), _fmt(_mean(runs, "em")), _fmt(_mean(runs, "f1")),
-                ", ".join(f"{c['f1']:.1f}" for c in sorted(runs, key=lambda c: c["seed"])),
-                _fmt(_mean(runs, "seconds_per_question"), 3), _fmt(_mean(runs, "gold_passage_colocated")),
-                _fmt(_mean(runs, "distractor_colocated")), _fmt(_mean(runs, "answer_colocated")),
-                _fmt(_mean(runs, "gold_tokens_with_question")), _fmt(_mean(runs, "context_tokens_with_question")) + " |"]))
-    oracle = {variant: _mean(cells[(ORACLE, 0)], "f1") for variant, cells in table.items() if (ORACLE, 0) in cells}
-    digests = {c["digest"] for cells in table.values() for runs in cells.values() for c in runs}
-    questions = {c["questions"] for cells in table.values() for runs in cells.values() for c in runs}
-    text = ["# Real text: SQuAD v1.1 dev, articles 40-47", "",
-            "Oracle F1 (gold paragraph alone): " + ", ".join(f"{v} {f:.1f}" for v, f in oracle.items()), "",
-            f"{', '.join(map(str, sorted(questions)))} questions per cell; {len(digests)} distinct cell inputs "
-            "(each cell's questions and contexts are the same for every model and seed).", "", *lines, ""]
-    (out_dir / "results.md").write_text("\n".join(text))
-    plot(table, out_dir / "f1_vs_length.png")
-    for variant, f1 in oracle.items():
-        print(f"ORACLE F1 (gold paragraph alone) {variant}: {f1:.1f}", flush=True)
-    print("\n".join(lines), flush=True)
-    return out_dir / "results.md"
+STAGE_ROWS = {"A": "start (after A)", "B": "after B"}
+COLUMNS = ("gold_passage_colocated", "distractor_colocated", "answer_colocated", "gold_tokens_with_question",
+           "context_tokens_with_question")
 
 
-def plot(table: dict, path: Path) -> None:
+def cell_table(cells: list[dict]) -> list[str]:
+    """The markdown table of every stage x model x cell (seeds averaged, F1 per seed listed)."""
+    groups: dict = {}
+    for c in cells:
+        groups.setdefault((c["stage"], c["model"], c["length"], c["kind"]), []).append(c)
+    lines = ["| model | stage | context | kind | tokens (mean) | EM | F1 | F1 per seed | s / question | gold passage "
+             "shares a chunk with the question (%) | a distractor does (%) | the answer does (%) | gold tokens in a "
+             "question chunk (%) | context tokens in a question chunk (%) |", "|" + "---|" * 14]
+    for (stage, model, length, kind), runs in sorted(groups.items(), key=lambda g: (g[0][1], g[0][0], g[0][2], g[0][3])):
+        runs = sorted(runs, key=lambda c: c["seed"])
+        lines.append("| " + " | ".join([
+            model, STAGE_ROWS[stage], "gold paragraph" if kind == ORACLE else str(length), kind,
+            _fmt(_mean(runs, "context_tokens"), 0), _fmt(_mean(runs, "em")), _fmt(_mean(runs, "f1")),
+            ", ".join(f"{c['f1']:.1f}" for c in runs), _fmt(_mean(runs, "seconds_per_question"), 3),
+            *(_fmt(_mean(runs, k)) for k in COLUMNS)]) + " |")
+    return lines
+
+
+def comparison_table(rows: list[dict]) -> list[str]:
+    lines = ["| stage | context | kind | Cluster-Former F1 | sliding F1 | difference | 95 % interval | questions |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {STAGE_ROWS[r['stage']]} | {'gold paragraph' if r['kind'] == ORACLE else r['length']} | "
+                     f"{r['kind']} | {r['clusterformer_f1']:.1f} | {r['sliding_f1']:.1f} | {r['difference']:+.1f} | "
+                     f"[{r['low']:+.1f}, {r['high']:+.1f}] | {r['questions']} |")
+    return lines
+
+
+def stage_records(out: Path) -> dict:
+    """What each seed's training stages recorded (steps, seconds, curve; centroid fit; B's sizing)."""
+    records = {}
+    for seed_dir in sorted(out.glob("seed*")):
+        found = {"A": seed_dir / "A/model/record.json", "fit": seed_dir / "start-clusterformer/record.json",
+                 "B size": seed_dir / "B/size.json",
+                 **{f"B {m}": seed_dir / f"B/{m}/model/record.json" for m in MODELS}}
+        records[seed_dir.name] = {k: read_json(p) for k, p in found.items() if p.is_file()}
+    return records
+
+
+def write_report(study: Study) -> Path:
+    """``results.md``, ``f1_vs_length.png``, ``summary.json`` (settings, budget, training records, comparisons, cell
+    figures) and a copy of every cell file (``cells/<seed>/<stage>-<model>/<cell>.json``) in ``--record_dir``."""
+    out, record = study.out, Path(study.args.record_dir)
+    cells = collect(out)
+    if not cells:
+        raise FileNotFoundError(f"no finished cells under {out}")
+    record.mkdir(parents=True, exist_ok=True)
+    for path in out.glob("seed*/cells/*/*.json"):  # to cells/<seed>/<stage>-<model>/<cell>.json
+        if not path.name.endswith(".partial.json"):
+            target = record / "cells" / path.parts[-4] / path.parts[-2] / path.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
+    rows = comparisons(cells, study.args.bootstrap_samples)
+    stages = stage_records(out)
+    summary = {"config": read_json(out / "config.json") if (out / "config.json").is_file() else None,
+               "budget": read_json(out / "budget.json") if (out / "budget.json").is_file() else None,
+               "stages": stages, "comparisons": rows,
+               "cells": [{k: v for k, v in c.items() if k != "per_question"} for c in cells]}
+    write_json(record / "summary.json", summary)
+    (record / "results.md").write_text("\n".join(report_text(cells, rows, stages)) + "\n")
+    plot(cells, record / "f1_vs_length.png")
+    say(f"record written to {record}")
+    say("\n".join(comparison_table(rows)))
+    return record / "results.md"
+
+
+def report_text(cells: list[dict], rows: list[dict], stages: dict) -> list[str]:
+    digests = {c["digest"] for c in cells}
+    questions = sorted({c["questions"] for c in cells})
+    steps = [f"{seed}: A {r['A']['steps']} steps" + "".join(f", B {m} {r[f'B {m}']['steps']} steps" for m in MODELS
+                                                              if f"B {m}" in r)
+             for seed, r in stages.items() if "A" in r]
+    oracle = [f"{c['model']} {STAGE_ROWS[c['stage']]} (seed {c['seed']}) {c['f1']:.1f}" for c in cells if c["kind"] == ORACLE]
+    return ["# Real text: SQuAD v1.1 dev, articles 40-47 (`bench/realtext.py`)", "",
+            "Training: " + "; ".join(steps) + ".", "",
+            "Oracle F1 (gold paragraph alone): " + ", ".join(oracle) + ".", "",
+            f"{', '.join(map(str, questions))} questions per cell; {len(digests)} distinct cell inputs (each cell's "
+            "questions and contexts are the same for every model and seed).", "",
+            "## Cluster-Former minus sliding window, F1 paired over questions (bootstrap 95 % interval)", "",
+            *comparison_table(rows), "", "## Every cell", "", *cell_table(cells), ""]
+
+
+def plot(cells: list[dict], path: Path) -> None:
+    """F1 against context length: one line per model, stage and distractor kind; the oracle as dotted lines."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axis = plt.subplots(figsize=(7, 4.5))
+    figure, axis = plt.subplots(figsize=(7.5, 4.8))
     colours = {"clusterformer": "tab:blue", "sliding": "tab:orange"}
-    for variant, cells in table.items():
-        colour = colours.get(variant, None)
-        if (ORACLE, 0) in cells:
-            axis.axhline(_mean(cells[(ORACLE, 0)], "f1"), color=colour, linestyle=":", linewidth=1,
-                         label=f"{variant}, gold paragraph alone")
-        for kind, style in (("other", "-o"), ("same", "--s")):
-            points = sorted((length, _mean(runs, "f1")) for (k, length), runs in cells.items() if k == kind)
-            if points:
-                axis.plot([p[0] for p in points], [p[1] for p in points], style, color=colour,
-                          label=f"{variant}, distractors: {kind} articles" if kind == "other" else f"{variant}, distractors: same article first")
+    groups: dict = {}
+    for c in cells:
+        groups.setdefault((c["model"], c["stage"], c["kind"]), {}).setdefault(c["length"], []).append(c["f1"])
+    for (model, stage, kind), by_length in sorted(groups.items()):
+        width, alpha = (1.6, 1.0) if stage == "B" else (1.0, 0.55)
+        label = f"{model}, {STAGE_ROWS[stage]}"
+        if kind == ORACLE:
+            axis.axhline(float(np.mean(by_length[0])), color=colours[model], linestyle=":", linewidth=width,
+                         alpha=alpha, label=f"{label}, gold paragraph alone")
+            continue
+        points = sorted((n, float(np.mean(v))) for n, v in by_length.items())
+        axis.plot([p[0] for p in points], [p[1] for p in points], "-o" if kind == "other" else "--s",
+                  color=colours[model], linewidth=width, alpha=alpha, label=f"{label}, distractors: {kind}")
+    targets = sorted({c["length"] for c in cells if c["length"]})
     axis.set_xscale("log", base=2)
-    targets = sorted({length for cells in table.values() for _, length in cells if length})
     if targets:
         axis.set_xticks(targets, [f"{t / 1000:g}k" if t >= 1000 else str(t) for t in targets])
         axis.minorticks_off()
@@ -686,7 +1187,7 @@ def plot(table: dict, path: Path) -> None:
     axis.set_ylabel("F1")
     axis.set_title("SQuAD v1.1 dev articles 40-47: F1 vs context length")
     axis.grid(alpha=0.3)
-    axis.legend(fontsize=7, loc="best")
+    axis.legend(fontsize=6.5, loc="best")
     figure.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(figure)
 
@@ -698,42 +1199,16 @@ def plot(table: dict, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    out_dir = Path(args.output_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if args.report_only:
-        write_report(out_dir)
-        return 0
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    with tempfile.TemporaryDirectory(prefix="realtext-") as scratch:
-        work = Path(scratch)
-        estimate = None
-        if not (args.no_budget or args.child_config):
-            estimate = budget(args, work)
-            (out_dir / "budget.json").write_text(json.dumps(estimate, indent=1) + "\n")
-            if args.budget_only:
-                return 0
-        started = time.time()
-        if args.parallel and len(args.variants) > 1:
-            config = out_dir / "config.json"
-            config.write_text(json.dumps({k: v for k, v in vars(args).items() if k != "child_config"}, indent=1))
-            workers = [subprocess.Popen([sys.executable, __file__, "--child_config", str(config), "--variants", variant],
-                                        env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
-                       for variant in args.variants]
-            codes = [w.wait() for w in workers]
-            if any(codes):
-                print(f"a worker failed: exit codes {codes}", file=sys.stderr)
-                return 1
-        else:
-            for variant in args.variants:
-                run_variant(variant, args, work, out_dir)
-        if args.child_config:
-            return 0
-        wall = time.time() - started
-        print(f"run wall time: {wall:.0f} s", flush=True)
-        if estimate is not None:
-            estimate["measured_run_wall_seconds"] = round(wall)
-            (out_dir / "budget.json").write_text(json.dumps(estimate, indent=1) + "\n")
-        write_report(out_dir)
+    study = Study(args)
+    if args.report_only:
+        write_report(study)
+        return 0
+    if args.worker_models:
+        torch.set_num_threads(args.threads)
+        model_work(study, args.worker_seed, args.worker_models)
+        return 0
+    run_study(study)
     return 0
 
 

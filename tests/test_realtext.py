@@ -1,8 +1,11 @@
-"""bench/realtext.py: the real-text recipe (SQuAD v1.1 dev, MiniLM start) end to end at tiny size, on the CPU."""
+"""bench/realtext.py, the staged real-text study (SQuAD v1.1 dev, MiniLM start), at tiny size on the CPU: the whole
+path through bench/device_run.sh (one process), a run killed in the middle of stage B and run again (one process per
+model) that ends with the same cells, a cell resumed from its partial file, the paired bootstrap, the contexts."""
 
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "realtext.py"
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
 def _squad_path() -> Path:
@@ -38,6 +42,173 @@ def realtext():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, realtext) -> Path:
+    """The tiny study run once through ``device_run.sh`` (PARTS=realtext SIZE=tiny): every stage in one process."""
+    out = tmp_path_factory.mktemp("device")
+    env = {**ENV, "SIZE": "tiny", "PARTS": "realtext", "PYTHON": sys.executable, "PRETRAINED": str(_pretrained()),
+           "SQUAD": str(_squad_path())}
+    done = subprocess.run(["bash", str(ROOT / "bench" / "device_run.sh"), str(out)], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "== realtext: exit 0" in (out / "summary.txt").read_text()
+    return out
+
+
+def _cells(record: Path) -> dict:
+    """{cell file: (EM, F1, every question's id and prediction)} of a record folder."""
+    found = {}
+    for path in sorted(record.glob("cells/seed*/*/*.json")):
+        cell = json.loads(path.read_text())
+        found[str(path.relative_to(record))] = (cell["em"], cell["f1"], [(e["id"], e["prediction"]) for e in
+                                                                         cell["per_question"]])
+    return found
+
+
+EXPECTED = {("A", "oracle", 0), ("A", "other", 250), ("B", "oracle", 0), ("B", "other", 250), ("B", "other", 400),
+            ("B", "same", 400)}
+
+
+def test_device_script_runs_every_stage_and_writes_the_record(reference):
+    """A, the centroid fit, the B probes and sizing, B and C for both models, the report: one process."""
+    record, run = reference / "realtext", reference / "realtext" / "run"
+    log = (reference / "realtext.log").read_text()
+    for line in ("PLAN (1 seed(s)", "ESTIMATE (cost model", "BUDGET CHECK (A)", "BUDGET CHECK (B)",
+                 "[B seed 0] 4 steps for both models", "ETA"):
+        assert line in log
+    summary = json.loads((record / "summary.json").read_text())
+    cells = summary["cells"]
+    assert {(c["stage"], c["kind"], c["length"]) for c in cells if c["model"] == "sliding"} == EXPECTED
+    assert {(c["stage"], c["kind"], c["length"]) for c in cells if c["model"] == "clusterformer"} == EXPECTED
+    for stage, kind, length in EXPECTED:  # the same questions and contexts for both models
+        pair = [c for c in cells if (c["stage"], c["kind"], c["length"]) == (stage, kind, length)]
+        assert len({c["digest"] for c in pair}) == 1 and all(c["questions"] == 3 for c in pair)
+        if length:
+            assert all(abs(c["context_tokens"] - length) < 0.5 * length for c in pair)
+    assert len({c["digest"] for c in cells}) == 4  # oracle, other 250 / 400, same 400
+    for c in cells:
+        assert 0 <= c["em"] <= c["f1"] <= 100 and c["seconds_per_question"] > 0
+        assert ("gold_passage_colocated" in c) == (c["model"] == "clusterformer")
+    stages = summary["stages"]["seed0"]
+    assert stages["A"]["steps"] == 4 and stages["B size"]["steps"] == 4 and stages["fit"]["states"] >= 16
+    assert stages["B clusterformer"]["centroids"]["fitted"] and stages["B sliding"]["steps"] == 4
+    assert [p["step"] for p in stages["A"]["curve"]] == [2, 4]
+    rows = summary["comparisons"]
+    assert {(r["stage"], r["kind"], r["length"]) for r in rows} == EXPECTED
+    assert all(r["low"] <= r["difference"] <= r["high"] and r["questions"] == 3 for r in rows)
+    text = (record / "results.md").read_text()
+    assert "Cluster-Former minus sliding window" in text and text.count("| gold paragraph | oracle |") == 6
+    assert (record / "f1_vs_length.png").read_bytes()[:4] == b"\x89PNG"
+    assert len(_cells(record)) == 12
+
+    from safetensors.torch import load_file
+
+    start = load_file(run / "seed0/A/model/model.safetensors")
+    clustered = load_file(run / "seed0/start-clusterformer/model.safetensors")
+    assert set(start) < set(clustered) and all(".router." in k for k in set(clustered) - set(start))
+    assert all((start[k] == clustered[k]).all() for k in start)  # the same weights, a cluster layer added
+
+
+def _finished_until_b(reference: Path, run: Path) -> None:
+    """``run`` holds the reference run's stage A, centroid fit, B probes and sizing and A cells (read-only links)."""
+    source = reference / "realtext" / "run"
+    (run / "seed0" / "B").mkdir(parents=True)
+    (run / "seed0" / "cells").mkdir()
+    for name in ("init", "seed0/A", "seed0/start-clusterformer", "seed0/cells/A-sliding", "seed0/cells/A-clusterformer"):
+        (run / name).symlink_to(source / name)
+    for name in ("config.json", "seed0/B/probe-sliding.json", "seed0/B/probe-clusterformer.json", "seed0/B/size.json"):
+        shutil.copyfile(source / name, run / name)
+
+
+def test_a_run_killed_in_stage_b_resumes_to_the_same_cells(tmp_path, realtext, reference):
+    """From the reference's finished stage A, fit and probes, a run with one process per model is killed at step 3 of
+    Cluster-Former's stage B (checkpoint at step 2); the same command skips every finished stage (the sliding model's
+    B and cells too), resumes B from step 2 and ends with the cells of the reference, run without a stop."""
+    import torch
+
+    _finished_until_b(reference, tmp_path / "run")
+    command = [sys.executable, str(SCRIPT), "--preset", "tiny", "--output_dir", str(tmp_path / "run"),
+               "--record_dir", str(tmp_path / "record")]
+    killed = subprocess.run(command, env={**ENV, realtext.STOP_ENV: "[B clusterformer seed 0] B step 3/"},
+                            capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert killed.returncode != 0, killed.stdout[-3000:]
+    seed = tmp_path / "run" / "seed0"
+    state = torch.load(seed / "B/clusterformer/checkpoint/training-state.pt", weights_only=False)
+    assert state["progress"]["step"] == 2
+    assert (seed / "cells/B-sliding/same-400.json").is_file() and not (seed / "cells/B-clusterformer").exists()
+    assert "A step" not in killed.stdout and "[A seed 0] done" in killed.stdout
+
+    again = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    for line in ("[A seed 0] done", "[fit seed 0] done", "resumed from", "at stage 0 step 2", "B step 3/4"):
+        assert line in again.stdout
+    assert "[B sliding seed 0]" not in again.stdout and "[C B-sliding" not in again.stdout
+    assert _cells(tmp_path / "record") == _cells(reference / "realtext")
+
+
+def test_a_cell_resumes_from_its_partial_file(tmp_path, realtext, reference, capsys):
+    """A cell stopped after two questions goes on from the third and ends as the uninterrupted one."""
+    run = reference / "realtext" / "run"
+    (tmp_path / "seed0").mkdir()
+    for name in ("init", "config.json"):
+        (tmp_path / name).symlink_to(run / name)
+    (tmp_path / "seed0" / "B").symlink_to(run / "seed0" / "B")
+    study = realtext.Study(realtext.parse_args(["--preset", "tiny", "--output_dir", str(tmp_path)]))
+    finished = json.loads((run / "seed0/cells/B-sliding/same-400.json").read_text())
+    path = study.cell_path(0, "B", "sliding", "same", 400)
+    realtext.write_json(path.with_name("same-400.partial.json"),
+                        {"digest": finished["digest"], "entries": finished["per_question"][:2]})
+    model = realtext.load_model(run / "seed0/B/sliding/model", study)
+    cell = realtext.score_cell(study, 0, "B", "sliding", model, ("same", 400), 0.0)
+    assert "resumed at question 2/3" in capsys.readouterr().out
+    assert [(e["id"], e["prediction"], e["f1"]) for e in cell["per_question"]] == \
+        [(e["id"], e["prediction"], e["f1"]) for e in finished["per_question"]]
+    assert (cell["em"], cell["f1"]) == (finished["em"], finished["f1"]) and not path.with_name("same-400.partial.json").exists()
+
+
+def test_paired_bootstrap_on_known_inputs(realtext):
+    bootstrap = realtext.paired_bootstrap
+    constant = bootstrap([50, 60, 70, 80], [45, 55, 65, 75], samples=500)
+    assert constant["difference"] == constant["low"] == constant["high"] == 5.0 and constant["questions"] == 4
+    rng = np.random.default_rng(0)
+    base = rng.uniform(0, 100, 400)  # large spread per question, small spread of the paired difference
+    paired = bootstrap(base + 2 + rng.normal(0, 1, 400), base, samples=4000, seed=1)
+    assert 1.7 < paired["low"] < 2 < paired["high"] < 2.3
+    diff = rng.normal(3, 10, 400)
+    interval = bootstrap(diff, np.zeros(400), samples=4000, seed=2)
+    half = 1.96 * diff.std() / np.sqrt(400)  # the normal approximation of the mean's 95 % interval
+    assert interval["low"] < diff.mean() < interval["high"]
+    assert abs((interval["high"] - interval["low"]) / (2 * half) - 1) < 0.1
+    assert bootstrap(diff, np.zeros(400), samples=4000, seed=2) == interval
+    with pytest.raises(ValueError):
+        bootstrap([1.0, 2.0], [[1.0], [2.0]])
+
+
+def test_squad_scorers_load_without_datasets_and_evaluate(realtext, monkeypatch):
+    """The GPU machine has neither: the metric's own functions load with stand-ins and score the same."""
+    from hf_clusterformer.metrics import exact_match_score, f1_score
+
+    for name in ("datasets", "evaluate"):
+        monkeypatch.setitem(sys.modules, name, None)  # import fails as if not installed
+    for name in ("hf_clusterformer.metrics", "hf_clusterformer.metrics.squad_metric"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    exact, f1 = realtext.load_squad_scorers()
+    assert exact is not exact_match_score and sys.modules["datasets"] is None and sys.modules["evaluate"] is None
+    for prediction, truth in (("the Denver Broncos", "Denver Broncos"), ("Denver", "Denver Broncos"), ("x", "y")):
+        assert (exact(prediction, truth), f1(prediction, truth)) == (exact_match_score(prediction, truth),
+                                                                     f1_score(prediction, truth))
+
+
+def test_a_folder_of_other_settings_is_refused(tmp_path, realtext):
+    study = realtext.Study(realtext.parse_args(["--preset", "tiny", "--output_dir", str(tmp_path)]))
+    realtext.check_config(study)
+    realtext.check_config(realtext.Study(realtext.parse_args(["--preset", "tiny", "--output_dir", str(tmp_path),
+                                                              "--threads", "2"])))  # a run-only setting
+    other = realtext.Study(realtext.parse_args(["--preset", "tiny", "--output_dir", str(tmp_path), "--b_steps", "5"]))
+    with pytest.raises(SystemExit, match=r"other settings \(b_steps\)"):
+        realtext.check_config(other)
 
 
 def test_multipassage_contexts(realtext):
@@ -67,51 +238,3 @@ def test_multipassage_contexts(realtext):
             assert set(distractors) == {corpus.article[paragraph]}
         tokens = sum(corpus.lengths([corpus.texts.index(t) for t in texts]))
         assert abs(tokens - 1500) < 400
-
-
-def test_tiny_run_end_to_end(tmp_path, realtext):
-    """``--tiny`` trains both variants a few steps, scores every cell and writes JSON, table, plot and budget."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    done = subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--output_dir", str(tmp_path)],
-                          capture_output=True, text=True, env=env, timeout=240, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "ESTIMATE of the configured run" in done.stdout
-    assert "ORACLE F1 (gold paragraph alone) clusterformer" in done.stdout
-    assert "ORACLE F1 (gold paragraph alone) sliding" in done.stdout
-
-    budget = json.loads((tmp_path / "budget.json").read_text())
-    assert budget["seconds_per_step"] > 0 and budget["sequential_seconds"] > 0
-    records = {v: json.loads((tmp_path / f"{v}-seed0.json").read_text()) for v in ("clusterformer", "sliding")}
-    cells = {v: {(c["kind"], c["length"]): c for c in r["cells"]} for v, r in records.items()}
-    expected = {("oracle", 0)} | {(kind, length) for kind in ("other", "same") for length in (400, 800)}
-    assert set(cells["clusterformer"]) == set(cells["sliding"]) == expected
-    assert records["clusterformer"]["question_ids"] == records["sliding"]["question_ids"]
-    assert len(records["sliding"]["question_ids"]) == 3
-    for key in expected:  # the same questions and contexts in every cell of both models
-        assert cells["clusterformer"][key]["digest"] == cells["sliding"][key]["digest"]
-        assert set(cells["clusterformer"][key]["predictions"]) == set(records["sliding"]["question_ids"])
-    for variant, by_cell in cells.items():
-        for (kind, length), cell in by_cell.items():
-            assert cell["questions"] == 3
-            assert 0 <= cell["em"] <= cell["f1"] <= 100 and cell["seconds_per_question"] > 0
-            if length:
-                assert abs(cell["context_tokens"] - length) < 0.5 * length
-            colocation = [k for k in cell if k.endswith("colocated") or k.endswith("with_question")]
-            if variant == "sliding":
-                assert not colocation
-            else:
-                assert {"gold_passage_colocated", "answer_colocated", "gold_tokens_with_question"} <= set(colocation)
-                assert all(cell[k] is None or 0 <= cell[k] <= 100 for k in colocation)
-    assert records["clusterformer"]["centroids"]["fitted"]
-    assert [p["step"] for p in records["sliding"]["curve"]] == [1, 2, 3]
-
-    table = (tmp_path / "results.md").read_text()
-    assert "Oracle F1 (gold paragraph alone): clusterformer" in table
-    assert table.count("| gold paragraph | oracle |") == 2
-    assert "1 distinct cell inputs" not in table and "5 distinct cell inputs" in table
-    assert (tmp_path / "f1_vs_length.png").read_bytes()[:4] == b"\x89PNG"
-
-    again = subprocess.run([sys.executable, str(SCRIPT), "--report_only", "--output_dir", str(tmp_path)],
-                           capture_output=True, text=True, env=env, timeout=120, cwd=ROOT)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert (tmp_path / "results.md").read_text() == table

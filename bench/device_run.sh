@@ -2,7 +2,9 @@
 # One command for a GPU machine (at most 9 minutes): the encoder benchmark (bf16, forward and training step, peak
 # memory, Cluster-Former vs the floor, Longformer, BigBird and ModernBERT), the K-Means benchmark on the GPU, and the
 # `gpu` reproduction preset, everything written under $OUT (or the folder given as $1). PARTS picks the steps
-# (default "encoder kmeans reproduce"); PARTS=study runs the long-range study (about 9 minutes on one H200).
+# (default "encoder kmeans reproduce"); PARTS=study runs the long-range study (about 9 minutes on one H200);
+# PARTS=gain the gain study's gated recipe (near stage to 85 near EM, far stage with rehearsal) for seeds 0-2, both
+# models (`gain-gpu` preset, at most 9 minutes).
 # Encoder efficiency parts: encoder (every peer, 20 interleaved rounds, MFU; ~4 min), encoder-profile (where
 # Cluster-Former's time above the floor goes), encoder-compile (torch.compile vs eager, forward and training step),
 # encoder-cudagraphs (mode="reduce-overhead"); e.g. PARTS="encoder encoder-profile encoder-compile".
@@ -58,6 +60,8 @@ if [ "$size" = tiny ]; then
   want reproduce && step reproduce 300 $python bench/reproduce_longrange.py --preset smoke --output_dir "$out"
   want study && step study 300 $python bench/reproduce_longrange.py --preset smoke --variants clusterformer \
     clusterformer-prefix sliding --output_dir "$out/study"
+  want gain && step gain 300 $python bench/reproduce_longrange.py --preset smoke --variants clusterformer sliding \
+    --output_dir "$out/gain"
   want realtext && step realtext 300 $python bench/realtext.py --preset tiny --no-parallel --pretrained "$pretrained" \
     --squad_path "$squad" --output_dir "$out/realtext/run" --record_dir "$out/realtext"
 else
@@ -74,6 +78,8 @@ else
     --time_budget 330 --output_dir "$out"
   want study && step study 560 $python bench/reproduce_longrange.py --preset study-gpu --pretrained "$pretrained" \
     --output_dir "$out/study"
+  want gain && step gain 540 $python bench/reproduce_longrange.py --preset gain-gpu --pretrained "$pretrained" \
+    --output_dir "$out/gain"
   want realtext && step realtext 590 $python bench/realtext.py --preset gpu --pretrained "$pretrained" \
     --squad_path "$squad" --output_dir outputs/realtext/gpu --record_dir "$out/realtext"
 fi

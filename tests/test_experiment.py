@@ -44,7 +44,7 @@ def test_smoke_recipe_trains_every_variant_and_writes_its_report(tmp_path):
 
 def test_far_twin_mentions_lie_beyond_the_sliding_stacks_reach():
     """Every recipe's far questions keep their two mentions further apart than its windows can relay."""
-    for name in ("demo", "study", "cpu", "gpu"):
+    for name in ("demo", "gain", "gain-gpu", "study", "cpu", "gpu"):
         preset = make_preset(name)
         sliding_layers = preset.num_hidden_layers or 6  # MiniLM has 6 layers
         for kind, options in [*preset.stages[-1].data.items(), *preset.eval.items()]:
@@ -55,13 +55,15 @@ def test_far_twin_mentions_lie_beyond_the_sliding_stacks_reach():
 @pytest.mark.skipif(sys.platform == "win32", reason="bash script")
 def test_device_script_runs_at_tiny_sizes(tmp_path):
     env = {**os.environ, "SIZE": "tiny", "PYTHON": sys.executable, "OMP_NUM_THREADS": "1",
-           "PARTS": "encoder kmeans reproduce study"}
+           "PARTS": "encoder kmeans reproduce study gain"}
     done = subprocess.run(["bash", str(ROOT / "bench" / "device_run.sh"), str(tmp_path)], env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = (tmp_path / "summary.txt").read_text()
-    for step in ("encoder", "kmeans", "reproduce", "study"):
+    for step in ("encoder", "kmeans", "reproduce", "study", "gain"):
         assert f"== {step}: exit 0" in summary
+    gain = json.loads((tmp_path / "gain" / "results.json").read_text())
+    assert {run["variant"] for run in gain["runs"]} == {"clusterformer", "sliding"}
     study = json.loads((tmp_path / "study" / "results.json").read_text())
     assert {run["variant"] for run in study["runs"]} == {"clusterformer", "clusterformer-prefix", "sliding"}
     assert all(run["curve"] for run in study["runs"])
@@ -117,7 +119,8 @@ def test_positional_shortcuts_count_fact_slots():
 
 
 def test_learning_rate_schedules_and_cluster_layer_groups():
-    from clusterformer_research.experiment.running import learning_rate_factor, parameter_groups
+    from clusterformer_research.experiment.running import parameter_groups
+    from clusterformer_research.training import learning_rate_factor
 
     constant, linear = learning_rate_factor("constant", 10, 100), learning_rate_factor("linear", 10, 100)
     assert [round(constant(s), 2) for s in (0, 9, 50, 99)] == [0.1, 1.0, 1.0, 1.0]

@@ -124,3 +124,13 @@ def test_a_checkpoint_of_other_stages_is_refused(tmp_path):
     with pytest.raises(ValueError, match="other stages or seed"):
         train_stages(model, other, pad_id=PAD, evaluate=held_out, eval_every=2, updater=updater, seed=3,
                      checkpoint_dir=tmp_path, print_fn=lambda line: None)
+
+
+def test_a_stage_over_its_time_share_trains_fewer_steps():
+    model, updater = build()
+    plan = stages()
+    plan[0].steps, plan[0].max_seconds = 400, 1e-3
+    printed: list[str] = []
+    result = train_stages(model, plan, pad_id=PAD, updater=updater, log_every=50, print_fn=printed.append)
+    assert result["stages"] == {"near": 31, "far": 6}
+    assert any("near: " in line and "s projected for 400 steps" in line and ": 31 steps" in line for line in printed)

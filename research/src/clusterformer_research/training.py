@@ -367,7 +367,7 @@ def _plan_steps(run: _Run, stage: TrainStage, seconds_per_step: float, label: st
     projected = seconds_per_step * stage.steps
     if projected <= stage.max_seconds:
         return
-    planned = max(30, int(stage.steps * stage.max_seconds / projected))
+    planned = max(run.progress.step + 1, int(stage.steps * stage.max_seconds / projected))  # at least one more step
     run.progress.planned_steps = planned
     run.schedule.lr_lambdas[0] = learning_rate_factor(stage.schedule, stage.warmup, planned)
     for i in range(1, len(run.schedule.lr_lambdas)):

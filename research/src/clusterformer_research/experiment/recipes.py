@@ -18,7 +18,7 @@ PRETRAINED_ORIGIN = "sentence-transformers/all-MiniLM-L6-v2"
 #: Variants `compare` trains: the layer type put in place of the preset's cluster layers ("sliding": none).
 VARIANTS = ("clusterformer", "clusterformer-prefix", "sliding", "lsh", "sparse")
 #: The named recipes of `make_preset`.
-PRESETS = ("smoke", "demo", "study", "study-gpu", "cpu", "gpu")
+PRESETS = ("smoke", "demo", "gain", "gain-gpu", "study", "study-gpu", "cpu", "gpu")
 #: The layer type each variant puts at the recipe's cluster layers (None: none, a sliding-window model).
 VARIANT_LAYER_TYPE = {"clusterformer": "cluster", "clusterformer-prefix": "cluster", "sliding": None, "lsh": "lsh",
                        "sparse": "sparse"}
@@ -38,13 +38,19 @@ def centroid_settings(update_every_steps: int, memory_size: int) -> CentroidUpda
 
 @dataclass
 class Stage:
-    """One training stage: its data (``kind: generator options``), steps, batch size and learning rate."""
+    """One training stage: its data (``kind: generator options``), steps, batch size and learning rate.
+
+    ``gate``: end the stage at the first learning-curve point whose near twin EM reaches it (``steps`` is then the
+    most it trains); ``rehearsal_batch``: questions of the first stage's data added to every step of this one.
+    """
 
     name: str
     data: dict[str, dict]
     steps: int
     batch_size: int
     learning_rate: float
+    gate: float | None = None
+    rehearsal_batch: int = 0
 
 
 @dataclass
@@ -73,6 +79,7 @@ class Preset:
     cluster_lr_scale: float = 1.0  # learning-rate factor for the parameters of the global (cluster) layers
     curve_every: int = 0  # evaluate ``curve_samples`` held-out far twin questions every N steps (0: never)
     curve_samples: int = 100
+    order: str = "epochs"  # "epochs": a shuffle per pass over a stage's data; "sequential": in the generated order
 
 
 def _twin(lo, hi, min_gap=0, max_gap=None, **extra):
@@ -95,18 +102,35 @@ def make_preset(name: str) -> Preset:
         return Preset(
             pretrained="tiny", window_size=16, window_stride=12, cluster_layers=[1], num_clusters=8,
             stages=[
-                Stage("near", {"twin": _twin(45, 60, 0, 6, num_facts=4), "local": _chains(45, 60, 5)}, 4, 4, 1e-3),
-                Stage("far", {"twin": _twin(70, 90, 30, num_facts=4), "local": _chains(70, 90, 30)}, 4, 4, 1e-3),
+                Stage("near", {"twin": _twin(45, 60, 0, 6, num_facts=4), "local": _chains(45, 60, 5)}, 4, 4, 1e-3,
+                      gate=90.0),
+                Stage("far", {"twin": _twin(70, 90, 30, num_facts=4), "local": _chains(70, 90, 30)}, 4, 4, 1e-3,
+                      rehearsal_batch=2),
             ],
             eval={"twin": _twin(70, 90, 30, num_facts=4), "longrange": _chains(70, 90, 30), "local": _chains(70, 90, 30)},
             eval_samples=6, train_samples=16, seeds=[0], variants=["clusterformer", "sliding", "lsh", "sparse"],
             centroids=centroid_settings(2, 2000), time_budget=120, num_facts=4, curve_every=3, curve_samples=4,
         )
-    if name == "demo":  # the study's data and model at a 10-minute CPU budget: one seed, fewer steps
-        preset = make_preset("study")
-        preset.stages[0].steps, preset.stages[1].steps = 150, 200
-        preset.seeds, preset.variants = [0], ["clusterformer", "sliding"]
-        preset.curve_samples, preset.time_budget = 50, 600
+    if name == "gain":  # the gated twin recipe (bench/measured/gain/): near stage to 85 near EM, far stage with rehearsal
+        near = _twin(62, 72, names="words", placement="gap", target="later", num_places=20, num_facts=5)
+        far = _balanced(300, 340, 200, num_places=20)
+        return Preset(
+            pretrained="minilm", window_size=32, window_stride=28, cluster_layers=[3], num_clusters=64,
+            stages=[Stage("near", {"twin": near}, 600, 16, 1e-4, gate=85.0),
+                    Stage("far", {"twin": far}, 420, 8, 5e-5, rehearsal_batch=4)],
+            eval={"twin": far}, eval_samples=150, train_samples=3000, seeds=[0, 1, 2],
+            variants=["clusterformer", "sliding"], max_question_length=32, centroids=centroid_settings(50, 20_000),
+            time_budget=3 * 3600, schedule="constant", warmup_steps=30, curve_every=50, curve_samples=150,
+            order="sequential",
+        )
+    if name == "gain-gpu":  # the gain recipe's three seeds on one GPU
+        preset = make_preset("gain")
+        preset.time_budget = 520
+        return preset
+    if name == "demo":  # the gain recipe at a 45-minute budget on two CPU cores: one seed, shorter stages
+        preset = make_preset("gain")
+        preset.stages[0].steps, preset.stages[1].steps = 300, 250
+        preset.seeds, preset.curve_samples, preset.eval_samples, preset.time_budget = [0], 100, 150, 45 * 60
         return preset
     if name == "study":  # the long-range study's CPU baseline: no positional shortcut, one-token names, curves
         far = {"twin": _balanced(150, 180, 100), "local": _chains(150, 180, 100)}

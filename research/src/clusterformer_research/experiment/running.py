@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -30,9 +31,14 @@ from hf_clusterformer.pipeline import rank_spans
 
 from ..longrange import generate_longrange_dataset
 from .recipes import MAIN_VARIANTS, PRETRAINED_ORIGIN, VARIANT_LAYER_TYPE, VARIANT_OPTIONS, Preset, Stage
+from ..training import Gate, TrainStage, pad_batch, train_stages
 from .report import positional_shortcuts, write_report
 
-__all__ = ["build_model", "compare", "evaluate", "generate", "learning_rate_factor", "parameter_groups",
+#: The folder under a comparison's output where each run saves its state (every 25 steps; removed when the report is
+#: written): the same call after an interruption resumes every run from it.
+CHECKPOINTS = "checkpoints"
+
+__all__ = ["build_model", "compare", "evaluate", "generate", "parameter_groups",
            "resolve_pretrained", "run_one"]
 
 
@@ -49,17 +55,6 @@ def encode_train(records: list[dict], tokenizer) -> list[dict]:
     columns = {key: [r[key] for r in records] for key in ("question", "context", "answers")}
     features = prepare_train_features(columns, tokenizer, max_length=1 << 20)
     return [{key: features[key][i] for key in ("input_ids", "start_positions", "end_positions")} for i in range(len(records))]
-
-
-def pad_batch(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, T) right-padded ids and attention mask."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r)
-        mask[i, : len(r)] = 1
-    return ids, mask
 
 
 def tiny_bert(directory: Path, corpus: list[str]) -> Path:
@@ -173,15 +168,6 @@ def evaluate(model, tokenizer, records: list[dict], preset: Preset, device, dtyp
     return result
 
 
-def learning_rate_factor(schedule: str, warmup: int, steps: int):
-    """Step -> learning-rate factor: linear warm-up over ``warmup`` steps, then constant or linear decay to 0."""
-    if schedule == "constant":
-        return lambda step: min(1.0, (step + 1) / warmup)
-    if schedule != "linear":
-        raise ValueError(f"schedule must be 'linear' or 'constant', got {schedule!r}")
-    return lambda step: min((step + 1) / warmup, max(0.0, (steps - step) / max(1, steps - warmup)))
-
-
 def parameter_groups(model, preset: Preset, learning_rate: float) -> list[dict]:
     """AdamW groups: the global layers' parameters at ``cluster_lr_scale`` times the rate, the rest at the rate."""
     global_layers = {f"encoder.layer.{i}." for i in model.config.global_layers}
@@ -216,6 +202,7 @@ class RunSetup:
     threads: int | None = None
     save_dir: Path | None = None
     overwrite: bool = False
+    checkpoint_root: Path | None = None
     step_plan: dict[str, int] = field(default_factory=dict)
 
     def steps(self, stage: Stage) -> int:
@@ -247,10 +234,10 @@ def training_data(preset: Preset, stage: Stage, seed: int, tokenizer) -> list[di
 
 
 class LearningCurve:
-    """Far (and the first stage's near) ``twin`` EM on held-out questions, recorded during training."""
+    """Far (and the first stage's near) ``twin`` EM on held-out questions: the training loop's ``evaluate``."""
 
-    def __init__(self, preset: Preset, label: str):
-        self.preset, self.label, self.points = preset, label, []
+    def __init__(self, preset: Preset, setup: RunSetup, tokenizer):
+        self.preset, self.setup, self.tokenizer = preset, setup, tokenizer
         self.far, self.near = [], []
         if preset.curve_every and "twin" in preset.eval:
             self.far = generate("twin", preset.eval["twin"], preset.curve_samples, "curve", 1000, preset.num_facts)
@@ -258,87 +245,32 @@ class LearningCurve:
             if near is not None and near != preset.eval["twin"]:
                 self.near = generate("twin", near, preset.curve_samples, "curve", 1000, preset.num_facts)
 
-    def due(self, step: int) -> bool:
-        return bool(self.far) and step % self.preset.curve_every == 0
-
-    def record(self, model, tokenizer, setup: RunSetup, stage: str, step: int, global_step: int, losses: list[float]):
-        far = evaluate(model, tokenizer, self.far, self.preset, setup.device, setup.dtype, 16, "twin")
-        point = {"stage": stage, "step": step, "global_step": global_step,
-                 "loss": round(float(np.mean(losses[-self.preset.curve_every:])), 4) if losses else None,
-                 "twin_em": far["exact_match"], "twin_shared_chunk": far.get("twin_shared_chunk")}
+    def __call__(self, model) -> dict:
+        setup, preset = self.setup, self.preset
+        far = evaluate(model, self.tokenizer, self.far, preset, setup.device, setup.dtype, 16, "twin")
+        point = {"twin_em": far["exact_match"], "twin_shared_chunk": far.get("twin_shared_chunk")}
         if self.near:
-            point["near_twin_em"] = evaluate(model, tokenizer, self.near, self.preset, setup.device, setup.dtype, 16,
+            point["near_twin_em"] = evaluate(model, self.tokenizer, self.near, preset, setup.device, setup.dtype, 16,
                                              "twin")["exact_match"]
-        self.points.append(point)
-        print(f"[{self.label}] curve {json.dumps(point)}", flush=True)
-        model.train()
+        return point
 
 
-def plan_steps(setup: RunSetup, stage: Stage, seconds_for_20: float, share: float, label: str) -> None:
-    """After timing steps 10-30 of the first run: train fewer steps of ``stage`` in every run when all of them would
-    take more than ``share`` seconds."""
-    planned = setup.steps(stage)
-    projected = seconds_for_20 / 20 * planned
-    if projected > share:
-        planned = max(30, int(planned * share / projected))
-        print(f"[{label}] {stage.name}: {projected:.0f} s projected for {stage.steps} steps, more than {share:.0f} s: "
-              f"{planned} steps for every run", flush=True)
-    setup.step_plan[stage.name] = planned
-
-
-def train_step(model, batch: list[dict], pad_id: int, setup: RunSetup) -> torch.Tensor:
-    """Forward and backward of one batch of features; returns the loss."""
-    ids, mask = pad_batch([b["input_ids"] for b in batch], pad_id)
-    starts = torch.tensor([b["start_positions"] for b in batch], device=setup.device)
-    ends = torch.tensor([b["end_positions"] for b in batch], device=setup.device)
-    with torch.autocast(setup.device.type, dtype=setup.dtype, enabled=setup.dtype != torch.float32):
-        loss = model(input_ids=ids.to(setup.device), attention_mask=mask.to(setup.device),
-                     start_positions=starts, end_positions=ends).loss
-    loss.backward()
-    return loss
-
-
-def train_stage(model, tokenizer, setup: RunSetup, stage: Stage, seed: int, state: dict, label: str,
-                train_seconds: float | None) -> None:
-    """Train one stage; ``state`` carries across stages: generator, updater, curve, log, global step, start time."""
+def training_plan(setup: RunSetup, tokenizer, seed: int, train_seconds: float | None) -> list[TrainStage]:
+    """The recipe's stages for the training loop: features, steps (the step plan's), schedule, a shuffle per pass,
+    the global layers' learning-rate scale; with ``train_seconds`` and no plan yet, each stage's share of it."""
     preset = setup.preset
-    data = training_data(preset, stage, seed, tokenizer)
-    trained = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(parameter_groups(model, preset, stage.learning_rate), weight_decay=0.01)
-    steps = setup.steps(stage)
-    warmup = max(1, preset.warmup_steps or steps // 20)
-    factor = learning_rate_factor(preset.schedule, warmup, steps)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-    share = train_seconds * stage.steps / sum(s.steps for s in preset.stages) if train_seconds else None
-    model.train()
-    order, position, losses, step = torch.randperm(len(data), generator=state["generator"]).tolist(), 0, [], 0
-    while step < steps:
-        if step == 10:  # steps 10-30 are timed: the first ones pay for warm-up (kernels, the first K-Means fit)
-            timed_from = time.time()
-        if step == 30 and share and stage.name not in setup.step_plan:
-            plan_steps(setup, stage, time.time() - timed_from, share, label)
-            steps = setup.steps(stage)
-        if position + stage.batch_size > len(order):
-            order, position = torch.randperm(len(data), generator=state["generator"]).tolist(), 0
-        loss = train_step(model, [data[i] for i in order[position: position + stage.batch_size]],
-                          tokenizer.pad_token_id, setup)
-        position += stage.batch_size
-        torch.nn.utils.clip_grad_norm_(trained, 1.0)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad(set_to_none=True)
-        if state["updater"] is not None:
-            state["updater"].step()
-        losses.append(loss.item())
-        step += 1
-        state["global_step"] += 1
-        if state["curve"].due(step):
-            state["curve"].record(model, tokenizer, setup, stage.name, step, state["global_step"], losses)
-        if step % 25 == 0 or step == steps:
-            state["log"].append({"stage": stage.name, "step": step, "loss": round(float(np.mean(losses[-25:])), 4),
-                                 "seconds": round(time.time() - state["started"], 1)})
-            print(f"[{label}] {json.dumps(state['log'][-1])}", flush=True)
-    state["last"] = (stage.name, step, losses)
+    total = sum(s.steps for s in preset.stages)
+    plan: list[TrainStage] = []
+    for stage in preset.stages:
+        steps = setup.steps(stage)
+        share = train_seconds * stage.steps / total if train_seconds and stage.name not in setup.step_plan else None
+        plan.append(TrainStage(
+            stage.name, training_data(preset, stage, seed, tokenizer), steps, stage.batch_size, stage.learning_rate,
+            warmup=max(1, preset.warmup_steps or steps // 20), schedule=preset.schedule, order=preset.order,
+            gate=Gate("near_twin_em", stage.gate) if stage.gate is not None else None,
+            rehearsal=plan[0].data if stage.rehearsal_batch else (), rehearsal_batch=stage.rehearsal_batch,
+            max_seconds=share, param_groups=lambda model, lr: parameter_groups(model, preset, lr)))
+    return plan
 
 
 def save_model(model, tokenizer, setup: RunSetup, variant: str) -> None:
@@ -366,15 +298,16 @@ def run_one(setup: RunSetup, variant: str, seed: int, train_seconds: float | Non
         updater = None
         if any(t == "cluster" for t in model.config.layer_kinds):
             updater = CentroidUpdater(model, preset.centroids, seed=seed)
-        state = {"generator": torch.Generator().manual_seed(seed), "updater": updater, "log": [], "global_step": 0,
-                 "curve": LearningCurve(preset, label), "started": time.time()}
+        curve = LearningCurve(preset, setup, tokenizer)
+        checkpoint = setup.checkpoint_root / f"{variant}-seed{seed}" if setup.checkpoint_root else None
+        result = train_stages(
+            model, training_plan(setup, tokenizer, seed, train_seconds), pad_id=tokenizer.pad_token_id,
+            evaluate=curve if curve.far else None, eval_every=preset.curve_every or 1, updater=updater, seed=seed,
+            checkpoint_dir=checkpoint, label=label, device=setup.device, dtype=setup.dtype,
+            print_fn=lambda line: print(line if line.startswith("[") else f"[{label}] curve {line}", flush=True))
         for stage in preset.stages:
-            train_stage(model, tokenizer, setup, stage, seed, state, label, train_seconds)
-        curve = state["curve"]
-        if curve.far and (not curve.points or curve.points[-1]["global_step"] != state["global_step"]):
-            stage_name, step, losses = state["last"]
-            curve.record(model, tokenizer, setup, stage_name, step, state["global_step"], losses)
-        trained_seconds = time.time() - state["started"]
+            setup.step_plan.setdefault(stage.name, result["stages"][stage.name])
+        started = time.time()
         scores = {kind: evaluate(model, tokenizer, generate(kind, options, preset.eval_samples, "validation", 1000,
                                                            preset.num_facts), preset, setup.device, setup.dtype, 16, kind)
                   for kind, options in preset.eval.items()}
@@ -382,9 +315,10 @@ def run_one(setup: RunSetup, variant: str, seed: int, train_seconds: float | Non
             updater.close()
         if setup.save_dir is not None and seed == preset.seeds[0]:
             save_model(model, tokenizer, setup, variant)
-        return {"variant": variant, "seed": seed, "scores": scores, "train_seconds": round(trained_seconds, 1),
-                "eval_seconds": round(time.time() - state["started"] - trained_seconds, 1), "log": state["log"],
-                "curve": curve.points, "steps": {s.name: setup.steps(s) for s in preset.stages}}
+        return {"variant": variant, "seed": seed, "scores": scores, "train_seconds": result["seconds"],
+                "eval_seconds": round(time.time() - started, 1), "log": result["log"],
+                "curve": [{k: v for k, v in p.items() if k != "seconds"} for p in result["curve"]],
+                "steps": dict(result["stages"])}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -451,6 +385,8 @@ def compare(
         device: default CUDA when available (bf16 autocast), else CPU (fp32, runs in parallel processes).
         workers, threads: CPU only: parallel runs (default: the cores, at most 2) and torch threads per run.
         time_budget: seconds; runs that would not fit after the previous ones are skipped (and listed).
+            Each run saves its state under ``output_dir/checkpoints`` every 25 steps; the same call after an
+            interruption resumes the runs from there (the folder goes once the report is written).
         save_models: save each variant's model of the first seed under ``output_dir/<variant>``.
         overwrite: replace models already saved there; without it such a folder is refused
             (`hf_clusterformer.hub.ModelFolderExistsError`) before any training.
@@ -469,7 +405,7 @@ def compare(
     started = time.time()
     setup = RunSetup(preset, resolve_pretrained(preset, pretrained, work), work, device,
                      torch.bfloat16 if device.type == "cuda" else torch.float32, threads,
-                     output if save_models else None, overwrite)
+                     output if save_models else None, overwrite, checkpoint_root=output / CHECKPOINTS)
     with quiet_loading():
         for variant in preset.variants:  # every variant is converted once, up front
             build_model(setup.source, work, preset, variant)
@@ -494,6 +430,7 @@ def compare(
         _run_on_gpu(setup, queue, fits, record, budget, started, first_part)
     meta = run_meta(setup, name, started, skipped, runs)
     report = write_report(output, runs, meta, list(preset.eval))
+    shutil.rmtree(output / CHECKPOINTS, ignore_errors=True)  # every run is recorded: nothing left to resume
     print(report + (f"skipped (time budget): {', '.join(skipped)}\n" if skipped else ""), flush=True)
     return json.loads((output / "results.json").read_text())
 

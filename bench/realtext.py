@@ -72,9 +72,11 @@ TRAIN_ARTICLES, EVAL_ARTICLES = (0, 40), (40, 48)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 #: Test-only: a log line holding this variable's text kills its own process (a stop in the middle of a stage).
 STOP_ENV = "REALTEXT_STOP_AT"
-#: Settings that do not change a run's numbers (all others must match the folder's ``config.json`` to resume).
-RUN_ONLY = ("output_dir", "record_dir", "report_only", "plan_only", "worker_seed", "worker_models", "parallel", "threads",
-            "threads_a", "time_limit", "squad_path", "pretrained", "log_every", "eval_log_every", "bootstrap_samples", "argv")
+#: Settings that do not change a seed's numbers (all others must match the folder's ``config.json`` to resume; seeds
+#: may be added to a folder).
+RUN_ONLY = ("output_dir", "record_dir", "report_only", "plan_only", "worker_seed", "worker_models", "seeds", "parallel",
+            "threads", "threads_a", "time_limit", "squad_path", "pretrained", "log_every", "eval_log_every",
+            "bootstrap_samples", "argv")
 
 CPU = dict(
     seeds=[0], device="cpu", dtype="float32", parallel=True, threads=1, threads_a=2, time_limit=0,
@@ -233,7 +235,8 @@ def load_squad_scorers():
 
     stand_in = types.ModuleType("evaluate")
     stand_in.Metric = object
-    stand_in.utils = types.SimpleNamespace(file_utils=types.SimpleNamespace(add_start_docstrings=lambda *_: lambda c: c))
+    decorator = types.SimpleNamespace(add_start_docstrings=lambda *_: lambda c: c)
+    stand_in.utils = types.SimpleNamespace(file_utils=decorator)
     saved = {name: sys.modules.get(name, stand_in) for name in ("datasets", "evaluate")}  # stand_in: not imported
     sys.modules.update(datasets=types.ModuleType("datasets"), evaluate=stand_in)
     try:
@@ -280,6 +283,7 @@ class Corpus:
                 self.article.append(a)
         self.num_articles = len(squad["data"])
         self._lengths: dict[int, int] = {}
+        self._pools: dict[tuple, list] = {}
 
     def lengths(self, paragraphs) -> list[int]:
         """Tokens of each paragraph (without special tokens)."""
@@ -290,10 +294,13 @@ class Corpus:
         return [self._lengths[int(p)] for p in paragraphs]
 
     def question_pool(self, articles: tuple[int, int], max_question_length: int) -> list[tuple[int, dict]]:
-        """Questions of articles [first, end) with at most ``max_question_length`` tokens."""
-        pool = [(p, qa) for p, qa in self.questions if articles[0] <= self.article[p] < articles[1]]
-        counts = self.tokenizer([qa["question"].lstrip() for _, qa in pool], add_special_tokens=False)["input_ids"]
-        return [item for item, c in zip(pool, counts) if len(c) <= max_question_length]
+        """Questions of articles [first, end) with at most ``max_question_length`` tokens (kept once drawn)."""
+        key = (tuple(articles), max_question_length)
+        if key not in self._pools:
+            pool = [(p, qa) for p, qa in self.questions if articles[0] <= self.article[p] < articles[1]]
+            counts = self.tokenizer([qa["question"].lstrip() for _, qa in pool], add_special_tokens=False)["input_ids"]
+            self._pools[key] = [item for item, c in zip(pool, counts) if len(c) <= max_question_length]
+        return self._pools[key]
 
 
 def gold_record(corpus: Corpus, paragraph: int, qa: dict) -> dict:
@@ -480,7 +487,8 @@ class Study:
             order = np.random.default_rng([seed, 3]).permutation(len(pool))
             targets = np.random.default_rng([seed, 4]).integers(a.b_tokens[0], a.b_tokens[-1] + 1, size=a.b_steps)
             records = [multipassage_record(self.corpus, *pool[order[i % len(order)]], KINDS[i % 2],
-                                           int(targets[i // a.b_batch]), TRAIN_ARTICLES, np.random.default_rng([seed, 5, i]))
+                                           int(targets[i // a.b_batch]), TRAIN_ARTICLES,
+                                           np.random.default_rng([seed, 5, i]))
                        for i in range(a.b_steps * a.b_batch)]
             features = as_features(records, self.tokenizer, 1 << 20)
             assert len(features) == len(records), "a multi-passage answer was lost to truncation"
@@ -626,10 +634,10 @@ def answer_batch(model, study: Study, records: list[dict], features: list[dict])
 
 def summarize(entries: list[dict], **fields) -> dict:
     """A cell's figures from its per-question entries (``fields``: stage, model, seed, kind, length, digest)."""
-    mean = lambda values: round(float(np.mean(values)), 2)  # noqa: E731
-    cell = {**fields, "questions": len(entries), "em": mean([e["em"] for e in entries]),
-            "f1": mean([e["f1"] for e in entries]), "seconds_per_question": round(float(np.mean([e["seconds"] for e in entries])), 4),
-            "context_tokens": round(float(np.mean([e["tokens"] for e in entries])), 1),
+    mean = lambda key, digits=2: round(float(np.mean([e[key] for e in entries])), digits)  # noqa: E731
+    cell = {**fields, "questions": len(entries), "em": mean("em"), "f1": mean("f1"),
+            "seconds_per_question": mean("seconds", 4),
+            "context_tokens": mean("tokens", 1),
             "max_context_tokens": int(max(e["tokens"] for e in entries))}
     co = [e["colocation"] for e in entries if "colocation" in e]
     if co:
@@ -637,7 +645,8 @@ def summarize(entries: list[dict], **fields) -> dict:
         rates = [c["distractor"] for c in co if c["distractor"] is not None]
         cell.update(gold_passage_colocated=share("passage"), answer_colocated=share("answer"),
                     distractor_colocated=round(100 * float(np.mean(rates)), 1) if rates else None,
-                    gold_tokens_with_question=share("gold_tokens"), context_tokens_with_question=share("context_tokens"))
+                    gold_tokens_with_question=share("gold_tokens"),
+                    context_tokens_with_question=share("context_tokens"))
     cell["per_question"] = entries
     return cell
 
@@ -654,7 +663,7 @@ def score_cell(study: Study, seed: int, stage: str, name: str, model, cell: tupl
     partial = path.with_name(path.stem + ".partial.json")
     saved = read_json(partial) if partial.is_file() else {}
     entries = saved["entries"] if saved.get("digest") == digest else []
-    label = f"[C {stage}-{name} seed {seed}] {cell_name(*cell)}"
+    label = f"[cells {stage}-{name} seed {seed}] {cell_name(*cell)}"
     if entries:
         say(f"{label}: resumed at question {len(entries)}/{len(records)}")
     model.eval()
@@ -683,7 +692,7 @@ def score_cells(study: Study, seed: int, stage: str, models: dict, cells: list[t
                if not study.cell_path(seed, stage, name, *cell).is_file()]
     for i, (cell, name) in enumerate(pending):
         if study.out_of_time():
-            say(f"[C {stage} seed {seed}] out of time (--time_limit {a.time_limit} s): {len(pending) - i} cells left")
+            say(f"[cells {stage} seed {seed}] out of time (--time_limit {a.time_limit} s): {len(pending) - i} left")
             return
         later = sum(cell_seconds(a, n, *c, len(study.questions()[0])) for c, n in pending[i + 1:])
         score_cell(study, seed, stage, name, models[name], cell, later)
@@ -735,11 +744,13 @@ def estimate(args, questions: int, scale: dict | None = None) -> dict:
     scale = {"A": 1.0, "B": 1.0, "C": 1.0, **(scale or {})}
     both = max if args.parallel else sum
     a_cap, b_cap = args.a_seconds or float("inf"), args.b_seconds or float("inf")
-    curve = -(-args.a_steps // args.a_eval_every) * args.a_eval_questions * predicted_seconds_per_question(args, "sliding", ORACLE, 0)
+    curve = (-(-args.a_steps // args.a_eval_every) * args.a_eval_questions
+             * predicted_seconds_per_question(args, "sliding", ORACLE, 0))
     stages = {
         "A": min(args.a_steps * step_seconds(args, "A") * scale["A"], a_cap) + curve * scale["C"],
         "fit": args.fit_batches * step_seconds(args, "B", "clusterformer") / 3 / COSTS["two_threads"] * scale["A"],
-        "start cells": both(sum(cell_seconds(args, m, *c, questions) for c in start_cells(args)) for m in MODELS) * scale["C"],
+        "start cells": both(sum(cell_seconds(args, m, *c, questions) for c in start_cells(args))
+                            for m in MODELS) * scale["C"],
         "B probe": sum(args.probe_steps * step_seconds(args, "B", m) for m in MODELS) * scale["B"],
         "B": both(min(args.b_steps * step_seconds(args, "B", m) * scale["B"], b_cap) for m in MODELS),
         "C": both(sum(cell_seconds(args, m, *c, questions) for c in final_cells(args)) for m in MODELS) * scale["C"],
@@ -782,12 +793,13 @@ def budget_check(study: Study, stage: str, measured: float, predicted: float) ->
     path = study.out / "budget.json"
     budget = read_json(path) if path.is_file() else {}
     ratio = measured / predicted
-    scale = {"A": ratio, "B": ratio, "C": ratio} if stage == "A" else {**budget.get("scale", {}), "B": ratio, "C": ratio}
+    scale = {**budget.get("scale", {}), "B": ratio, "C": ratio} | ({"A": ratio} if stage == "A" else {})
     revised = estimate(a, questions, scale)
-    write_json(path, {**budget, "scale": scale, f"check {stage}": {"measured": round(measured, 3),
-                                                                   "predicted": round(predicted, 3), "estimate": revised}})
-    say(f"BUDGET CHECK ({stage}): {measured:.2f} s per step against {predicted:.2f} planned (x{measured / predicted:.2f}); "
-        f"the study now estimated at {revised['all seeds'] / 3600:.2f} h (planned {budget.get('plan', {}).get('all seeds', 0) / 3600:.2f} h)")
+    check = {"measured": round(measured, 3), "predicted": round(predicted, 3), "estimate": revised}
+    write_json(path, {**budget, "scale": scale, f"check {stage}": check})
+    planned = budget.get("plan", {}).get("all seeds", 0)
+    say(f"BUDGET CHECK ({stage}): {measured:.2f} s per step against {predicted:.2f} planned (x{ratio:.2f}); the study "
+        f"now estimated at {revised['all seeds'] / 3600:.2f} h (planned {planned / 3600:.2f} h)")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -849,7 +861,8 @@ def fit_start(study: Study, seed: int) -> None:
     seed_everything(seed)
     with torch.no_grad(), torch.autocast(study.device.type, dtype=study.dtype, enabled=study.dtype != torch.float32):
         for begin in range(0, len(data), a.b_batch):
-            ids, mask = pad_batch([f["input_ids"] for f in data[begin: begin + a.b_batch]], study.tokenizer.pad_token_id)
+            rows = [f["input_ids"] for f in data[begin: begin + a.b_batch]]
+            ids, mask = pad_batch(rows, study.tokenizer.pad_token_id)  # (B, T)
             model(input_ids=ids.to(study.device), attention_mask=mask.to(study.device))
     banked = updater.num_states()
     stats = updater.update()
@@ -878,7 +891,8 @@ def probe_b(study: Study, seed: int, name: str, model) -> None:
     if updater is not None:
         updater.close()
     seconds = np.diff([0.0] + [entry["seconds"] for entry in result["log"]])[1:]
-    batch_slots = [sum(slots(a, len(f["input_ids"])) for f in data[b: b + a.b_batch]) for b in range(0, len(data), a.b_batch)]
+    batch_slots = [sum(slots(a, len(f["input_ids"])) for f in data[b: b + a.b_batch])
+                   for b in range(0, len(data), a.b_batch)]
     scale = float(np.mean(batch_slots)) / float(np.mean(batch_slots[1: a.probe_steps]))
     per_step = float(np.mean(seconds)) * scale
     write_json(path, {"model": name, "steps": a.probe_steps, "step_seconds": seconds.tolist(),
@@ -1081,7 +1095,8 @@ def cell_table(cells: list[dict]) -> list[str]:
     lines = ["| model | stage | context | kind | tokens (mean) | EM | F1 | F1 per seed | s / question | gold passage "
              "shares a chunk with the question (%) | a distractor does (%) | the answer does (%) | gold tokens in a "
              "question chunk (%) | context tokens in a question chunk (%) |", "|" + "---|" * 14]
-    for (stage, model, length, kind), runs in sorted(groups.items(), key=lambda g: (g[0][1], g[0][0], g[0][2], g[0][3])):
+    order = lambda group: (group[0][1], group[0][0], group[0][2], group[0][3])  # noqa: E731  model, stage, length
+    for (stage, model, length, kind), runs in sorted(groups.items(), key=order):
         runs = sorted(runs, key=lambda c: c["seed"])
         lines.append("| " + " | ".join([
             model, STAGE_ROWS[stage], "gold paragraph" if kind == ORACLE else str(length), kind,
@@ -1145,7 +1160,8 @@ def report_text(cells: list[dict], rows: list[dict], stages: dict) -> list[str]:
     steps = [f"{seed}: A {r['A']['steps']} steps" + "".join(f", B {m} {r[f'B {m}']['steps']} steps" for m in MODELS
                                                               if f"B {m}" in r)
              for seed, r in stages.items() if "A" in r]
-    oracle = [f"{c['model']} {STAGE_ROWS[c['stage']]} (seed {c['seed']}) {c['f1']:.1f}" for c in cells if c["kind"] == ORACLE]
+    oracle = [f"{c['model']} {STAGE_ROWS[c['stage']]} (seed {c['seed']}) {c['f1']:.1f}"
+              for c in cells if c["kind"] == ORACLE]
     return ["# Real text: SQuAD v1.1 dev, articles 40-47 (`bench/realtext.py`)", "",
             "Training: " + "; ".join(steps) + ".", "",
             "Oracle F1 (gold paragraph alone): " + ", ".join(oracle) + ".", "",

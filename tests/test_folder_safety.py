@@ -344,3 +344,96 @@ def test_ctrl_c_of_a_training_run_is_one_line_and_keeps_its_checkpoints(work, tm
     assert (out / "config.json").read_text(encoding="utf-8") == '{"model_type": "clusterformer"}'
     assert [p for p in out.glob("checkpoint-*") if (p / "trainer_state.json").is_file()]
     assert not list(out.glob(".clusterformer-write-*"))
+
+
+# -- 8. pipelines of every head: the model's limit, never a silent cut, the folder's own head, finite weights -------------
+
+
+def test_pipelines_of_every_head_read_to_the_models_limit_and_never_cut(tokenizer):
+    """Row: a token-classification pipeline labelled 510 of 11,199 tokens, with no word, when the tokenizer kept
+    RoBERTa's ``model_max_length=512``."""
+    import copy
+
+    import hf_clusterformer
+    from hf_clusterformer import ClusterFormerForTokenClassification
+
+    model = ClusterFormerForTokenClassification(tiny_config(
+        vocab_size=len(tokenizer), window_size=64, window_stride=56, max_position_embeddings=80, num_clusters=32,
+        max_context_length=2048, id2label={0: "PLACE", 1: "OTHER"})).eval()
+    roberta_like = copy.deepcopy(tokenizer)
+    roberta_like.model_max_length = 512
+    tag = hf_clusterformer.pipeline(model=model, tokenizer=roberta_like, task="token-classification", device="cpu")
+    assert tag.tokenizer.model_max_length == model.config.max_input_length
+    text = " ".join(SENTENCES[i % 2] for i in range(80))
+    length = len(tokenizer(text)["input_ids"])
+    assert 512 < length <= 2048
+    assert len(tag(text, ignore_labels=[])) == length - 2  # every token but <s> and </s>
+    longer = " ".join(SENTENCES[i % 2] for i in range(200))
+    count = len(tokenizer(longer)["input_ids"])
+    with pytest.raises(ValueError, match=f"the text has {count} tokens, more than this model reads "
+                                         f"\\({model.config.max_input_length}\\)"):
+        tag(longer)
+
+
+def test_a_pipeline_of_another_head_and_nan_weights_are_one_line(work, roberta, tokenizer):
+    """Rows: a fill-mask pipeline on a QA model folder ran a randomly initialised head; a model object with NaN
+    weights handed to a pipeline answered."""
+    import hf_clusterformer
+    from hf_clusterformer import ClusterFormerForSequenceClassification
+
+    folder = work / "qa-for-pipelines"
+    assert main(["convert", str(roberta), str(folder), *SMALL]) == 0
+    with pytest.raises(ValueError, match=r"holds a question-answering model \(ClusterFormerForQuestionAnswering\), not "
+                                         r"a fill-mask one.*task='question-answering'"):
+        hf_clusterformer.pipeline(model=str(folder), task="fill-mask")
+    for task, head in (("question-answering", ClusterFormerForQuestionAnswering),
+                       ("text-classification", ClusterFormerForSequenceClassification)):
+        model = head(tiny_config(vocab_size=len(tokenizer), window_size=32, window_stride=24, max_question_length=16))
+        with torch.no_grad():
+            next(model.parameters()).view(-1)[0] = float("nan")
+        with pytest.raises(ValueError, match=f"this {head.__name__} holds weights that are NaN or inf"):
+            hf_clusterformer.pipeline(model=model, tokenizer=tokenizer, task=task)
+
+
+def test_converting_another_tasks_head_names_it_and_the_fix(work, tokenizer, capsys):
+    """Row: a token-classification checkpoint converted with ``--task multiple-choice`` was said to hold "tensors of
+    other shapes than its config"."""
+    from transformers import RobertaForTokenClassification
+
+    config = RobertaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                           intermediate_size=64, max_position_embeddings=514, type_vocab_size=1, pad_token_id=1,
+                           bos_token_id=0, eos_token_id=2, num_labels=3)
+    source = work / "token-roberta"
+    RobertaForTokenClassification(config).save_pretrained(source)
+    tokenizer.save_pretrained(source)
+    line = _one_line(capsys, ["convert", str(source), str(work / "mc"), *SMALL, "--task", "multiple-choice"],
+                     f"{source} has no multiple-choice head", "classifier.weight",
+                     "its own head is token-classification: --task token-classification keeps it", "--allow-untrained")
+    assert "other shapes" not in line
+    assert main(["convert", str(source), str(work / "mc"), *SMALL, "--task", "multiple-choice",
+                 "--allow-untrained"]) == 0
+
+
+def test_a_wrong_shaped_centroid_tensor_in_predict_is_one_line(work, roberta, capsys):
+    """Row: ``predict`` on a folder whose centroids have another width than its config printed transformers'
+    size-mismatch traceback."""
+    folder = work / "wrong-centroids"
+    assert main(["convert", str(roberta), str(folder), *SMALL]) == 0
+    tensors = load_file(folder / "model.safetensors")
+    name = next(k for k in tensors if k.endswith("router.centroids"))
+    tensors[name] = tensors[name][:, :16].contiguous()
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    (work / "context.txt").write_text(CONTEXT, encoding="utf-8")
+    _one_line(capsys, ["predict", str(folder), "--question", QUESTION, "--context-file", str(work / "context.txt")],
+              str(folder), f"{name} is (4, 16), its config gives (4, 32)", "write the checkpoint again")
+
+
+def test_squad_answers_whose_text_is_a_string_are_one_line(work, capsys):
+    """Row: records with ``answers.text`` a string, not a list, gave an unclear line (or a traceback)."""
+    start = CONTEXT.index("Tarsk")
+    rows = [{"id": str(i), "title": "t", "question": QUESTION, "context": CONTEXT,
+             "answers": {"text": "Tarsk", "answer_start": [start]}} for i in range(2)]
+    data = work / "string-answers.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    _one_line(capsys, ["train", "--train_file", str(data), "--output_dir", str(work / "string-run"), "--max_steps", "1",
+                       *TINY_TRAIN], str(data), "must hold lists", "{'text': ['answer'], 'answer_start': [offset]}")

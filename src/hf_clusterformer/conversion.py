@@ -199,9 +199,8 @@ def convert_checkpoint(
             keeps a Cluster-Former source's own value, else the config default (``cluster_layers``: the paper's
             placement scaled to the depth).
 
-    Raises:
-        ValueError: ``src`` is not convertible, or the options are invalid (`ConversionTaskError`: the head does not fit
-            the source). TypeError: not a model option.
+    Raises: `ValueError`: ``src`` is not convertible, or the options are invalid (`ConversionTaskError`: the head does
+    not fit the source). `TypeError`: not a model option.
     """
     src = check_checkpoint_source(src, "src")
     task = _task_key(task)
@@ -223,9 +222,6 @@ def convert_checkpoint(
         logger.info("Newly initialised (not in %s): %s; fine-tune before use.", src, ", ".join(newly_initialized))
     mark_untrained(model, untrained)
     dropped = _dropped_centroids(src, model)
-    if dropped:
-        logger.warning("%s's fitted centroids of cluster layers %s do not fit the new cluster layout and were dropped; "
-                       "fit them again by training.", src, dropped)
     hub_id = {} if Path(src).exists() else {"base_model": str(src)}
     save_for_hub(model, loaded_tokenizer, dst, card_data={**hub_id, **dict(card_data or {})}, overwrite=overwrite)
     return ConvertedCheckpoint(Path(dst), model.config, newly_initialized, loaded_tokenizer is not None, source.model_type,
@@ -233,12 +229,16 @@ def convert_checkpoint(
 
 
 def _dropped_centroids(src: str | os.PathLike, model: PreTrainedModel) -> list[int]:
-    """Cluster layers of a local source whose centroids were fitted and are not fitted in ``model``."""
+    """Cluster layers of a local source whose centroids were fitted and are not fitted in ``model`` (warned)."""
     from .modelcard import checkpoint_centroids_fitted
 
     before = checkpoint_centroids_fitted(src) if Path(src).is_dir() else None
     after = {index: bool(router.fitted) for index, router in model.cluster_routers().items()}
-    return sorted(index for index, fitted in (before or {}).items() if fitted and not after.get(index))
+    dropped = sorted(index for index, fitted in (before or {}).items() if fitted and not after.get(index))
+    if dropped:
+        logger.warning("%s's fitted centroids of cluster layers %s do not fit the new cluster layout and were dropped; "
+                       "fit them again by training.", src, dropped)
+    return dropped
 
 
 #: The `TASK_CLASSES` key of each pipeline task (`HEAD_TASKS`), and back.
@@ -390,14 +390,16 @@ def _converted_model(src, source, tokenizer, options, hub_kwargs, task: str = "q
             src, config=config, output_loading_info=True, ignore_mismatched_sizes=True, **hub_kwargs
         )
         mismatched = [key for key, *_ in info["mismatched_keys"]]
-        stray = [key for key in mismatched if ".router." not in key]
+        own = architectures_task(source.architectures or [])
+        other_head = [k for k in mismatched if own is not None and _TASK_KEYS[own] != task and not k.startswith("roberta.")]
+        stray = [key for key in mismatched if ".router." not in key and key not in other_head]
         if stray:
             raise ValueError(f"{src} has tensors of other shapes than its config: {', '.join(stray)}.")
         for index, router in model.cluster_routers().items():
             if any(key.startswith(f"roberta.encoder.layer.{index}.router.") for key in mismatched):
                 router.centroids.copy_(router.initial_centroids())
                 router.fitted.fill_(False)
-        missing = info["missing_keys"]
+        missing = [*info["missing_keys"], *other_head]  # another task's head: new weights, as if it were absent
     else:
         model = model_class(config)
         missing = model.load_state_dict(state, strict=False).missing_keys
@@ -435,9 +437,22 @@ def load_qa_model(
             model, new = _converted_model(path, source, tokenizer, options, hub_kwargs)
         else:
             check_centroid_memory(_merged_config(_plain_values(source), options))
-            model, info = ClusterFormerForQuestionAnswering.from_pretrained(
-                path, output_loading_info=True, **hub_kwargs, **options
-            )
+            try:
+                model, info = ClusterFormerForQuestionAnswering.from_pretrained(
+                    path, output_loading_info=True, **hub_kwargs, **options)
+            except RuntimeError as error:  # transformers' size-mismatch report
+                raise _shapes_error(path, {**hub_kwargs, **options}) from error
             new = [key for key in info["missing_keys"] if ".router." not in key]
     mark_untrained(model, sorted(set(new) | set(untrained_weights(model))))
     return model
+
+
+def _shapes_error(path: str | os.PathLike, kwargs: dict[str, Any]) -> ValueError:
+    """One line naming the tensors of checkpoint ``path`` whose shapes its ``config.json`` does not give (a weights file
+    of another model, or a hand-edited one), instead of transformers' size-mismatch report."""
+    _, info = ClusterFormerForQuestionAnswering.from_pretrained(
+        path, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)
+    shapes = "; ".join(f"{key} is {tuple(saved)}, its config gives {tuple(wanted)}"
+                       for key, saved, wanted in info["mismatched_keys"])
+    return ValueError(f"{path}'s model.safetensors does not fit its config.json ({shapes}): the weights are of another "
+                      "model, or were edited; write the checkpoint again (`clusterformer convert`, or save_for_hub).")

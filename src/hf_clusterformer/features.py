@@ -75,6 +75,9 @@ def misplaced_answers(contexts: Sequence[str], answers: Sequence[Any], answer_co
                 f"{answer_column!r} of example {i} must be a dict with 'text' and 'answer_start', "
                 f"got {answer!r}"
             )
+        if not all(isinstance(answer[key], (list, tuple)) for key in ("text", "answer_start")):
+            raise ValueError(f"{answer_column!r} of example {i} must hold lists, got {dict(answer)!r}; write "
+                             "answers as {'text': ['answer'], 'answer_start': [offset]} (one entry per answer).")
         if len(answer["text"]) != len(answer["answer_start"]):
             raise ValueError(f"example {i}: 'text' and 'answer_start' differ in length")
         if any(

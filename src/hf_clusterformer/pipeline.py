@@ -1,23 +1,17 @@
-"""Extractive question answering over whole long contexts: one forward pass per (question, context).
+"""Pipelines over whole long inputs: one forward pass per (question, context), or per text for the other heads.
 
 `ClusterFormerQuestionAnsweringPipeline` tokenizes ``<s> question </s></s> context </s>`` without splitting the
-context (up to ``config.max_context_length`` tokens for Cluster-Former models), runs the model once, and maps
-the best start/end token pair back to characters of the context.
+context (up to ``config.max_context_length`` tokens for Cluster-Former models), runs the model once, and maps the best
+start/end token pair back to characters of the context. Outputs follow the old transformers pipeline: ``{"score",
+"start", "end", "answer"}`` (a list when ``top_k > 1``); with ``long_answer=True``, ``{"short_answers": [...],
+"long_answers": [...]}``, long answers being whole paragraphs (NQ style).
 
-Registration is explicit: ``import hf_clusterformer`` registers only the package's own config and model classes.
-transformers 5 removed its own ``question-answering`` pipeline (the task name is in
-``transformers.pipelines.REMOVED_TASKS``); `register_pipeline` takes the name off that list and registers this class
-under it in ``PIPELINE_REGISTRY``, for the whole process, so that ``transformers.pipeline("question-answering", ...)``
-builds this pipeline. `pipeline` (``hf_clusterformer.pipeline(model=...)``) registers it the same way before building
-one. A Hub checkpoint's ``custom_pipelines`` entry (``trust_remote_code=True``) needs neither.
+Registration is explicit: transformers 5 removed its ``question-answering`` pipeline (``REMOVED_TASKS``);
+`register_pipeline` takes the name off that list and registers this class under it for the whole process.
+`pipeline` (``hf_clusterformer.pipeline(model=..., task=...)``) builds a pipeline of any head, registering the QA one
+first. A Hub checkpoint's ``custom_pipelines`` entry (``trust_remote_code=True``) needs neither.
 
-Outputs follow the old transformers pipeline: ``{"score", "start", "end", "answer"}`` with
-``answer == context[start:end]``; a list of them when ``top_k > 1``. With ``long_answer=True`` an example gives
-``{"short_answers": [...], "long_answers": [...]}``, where long answers are whole paragraphs (NQ style).
-
-This file is self-contained for the Hub (``custom_pipelines`` in ``config.json``): it imports only torch and
-transformers. A Cluster-Former model finds the question prefix of each encoding itself (``locate_question_prefix``
-of the modeling file), as in training.
+This file is self-contained for the Hub: it imports only torch and transformers.
 """
 
 from __future__ import annotations
@@ -91,16 +85,27 @@ def untrained_weights(model: Any) -> list[str]:
     return []
 
 
-def check_trained(model: Any, allow_untrained: bool = False) -> None:
+def check_trained(model: Any, allow_untrained: bool = False, head: str = "QA") -> None:
     """Raise `UntrainedModelError` when ``model`` answers with weights that were never trained (see
-    `mark_untrained`), unless ``allow_untrained`` (smoke tests)."""
+    `mark_untrained`), unless ``allow_untrained`` (smoke tests); then `check_finite`."""
     names = untrained_weights(model)
+    check_finite(model)
     if names and not allow_untrained:
         raise UntrainedModelError(
-            f"the QA head of this model ({', '.join(names)}) was newly initialised and never trained, so its answers "
-            "would be random; fine-tune it first (`clusterformer train --model_name_or_path DIR ...`), or pass "
+            f"the {head} head of this model ({', '.join(names)}) was newly initialised and never trained, so its answers "
+            f"would be random; fine-tune it first{' (`clusterformer train --model_name_or_path DIR ...`)' if head == 'QA' else ''}, or pass "
             "allow_untrained=True (--allow-untrained) for a smoke test."
         )
+
+
+def check_finite(model: Any) -> None:
+    """Raise `ValueError` in one line when a weight of ``model`` is NaN or inf (every output would be meaningless)."""
+    broken = [name for name, t in [*model.named_parameters(), *model.named_buffers()]
+              if t.is_floating_point() and t.device.type != "meta" and not bool(torch.isfinite(t.detach()).all())]
+    if broken:
+        raise ValueError(f"this {type(model).__name__} holds weights that are NaN or inf ({len(broken)} tensors: "
+                         f"{', '.join(broken[:3])}{', ...' if len(broken) > 3 else ''}), so every output would be "
+                         "meaningless; load an earlier checkpoint, or train again (with a lower learning rate).")
 
 
 def looks_local(path: str) -> bool:
@@ -131,16 +136,10 @@ def hub_unreachable() -> str | None:
 
 
 def check_checkpoint_source(source: Any, what: str = "checkpoint") -> str:
-    """``source`` (a checkpoint directory or Hub id) as a string, after failing fast in one line on what cannot load.
-
-    Raises:
-        TypeError: ``source`` is not a string or path.
-        NotADirectoryError: it is a file.
-        FileNotFoundError: a folder without ``config.json``, or a path that looks local (`looks_local`) and does
-            not exist: no Hub request is made for it.
-        OSError: a Hub id that is not in the local cache while the Hub cannot be reached (`hub_unreachable`), instead
-            of the Hub client's retries.
-    """
+    """``source`` (a checkpoint directory or Hub id) as a string, after failing fast in one line on what cannot load:
+    `TypeError` (not a str or path), `NotADirectoryError` (a file), `FileNotFoundError` (a folder without
+    ``config.json``, or a missing path that `looks_local`: no Hub request), `OSError` (a Hub id not in the local cache
+    while `hub_unreachable`, instead of the Hub client's retries)."""
     if isinstance(source, bytes) or not isinstance(source, (str, os.PathLike)):
         raise TypeError(f"{what} must be a checkpoint directory or Hub id (a str or path), got "
                         f"{type(source).__name__} {source!r}.")
@@ -166,6 +165,13 @@ def check_checkpoint_source(source: Any, what: str = "checkpoint") -> str:
 def required_model_max_length(config: Any) -> int | None:
     """Longest pair encoding a Cluster-Former config accepts (``max_input_length``); None for other configs."""
     return getattr(config, "max_input_length", None)
+
+
+def use_model_limit(tokenizer: Any, config: Any) -> None:
+    """Raise ``tokenizer.model_max_length`` (RoBERTa's says 512) to the model's limit, ``config.max_input_length``."""
+    needed = required_model_max_length(config)
+    if tokenizer is not None and needed is not None and (tokenizer.model_max_length or 0) < needed:
+        tokenizer.model_max_length = needed
 
 
 class ClusterFormerQuestionAnsweringPipeline(Pipeline):
@@ -218,9 +224,7 @@ class ClusterFormerQuestionAnsweringPipeline(Pipeline):
         if getattr(self.tokenizer, "padding_side", "right") != "right":  # batches are read as right-padded
             self.tokenizer = copy.copy(self.tokenizer)
             self.tokenizer.padding_side = "right"
-        needed = required_model_max_length(self.model.config)
-        if needed is not None and (self.tokenizer.model_max_length or 0) < needed:
-            self.tokenizer.model_max_length = needed
+        use_model_limit(self.tokenizer, self.model.config)
 
     # -- calling ---------------------------------------------------------------------------------------------------
 
@@ -328,13 +332,8 @@ class ClusterFormerQuestionAnsweringPipeline(Pipeline):
         return result
 
     def postprocess(
-        self,
-        model_outputs: dict,
-        top_k: int = 1,
-        max_answer_len: int = 15,
-        handle_impossible_answer: bool = False,
-        long_answer: bool = False,
-        long_answer_top_k: int = 1,
+        self, model_outputs: dict, top_k: int = 1, max_answer_len: int = 15, handle_impossible_answer: bool = False,
+        long_answer: bool = False, long_answer_top_k: int = 1,
     ) -> dict | list[dict]:
         """Rank answer spans (and paragraphs) of one example; see the class docstring."""
         length = len(model_outputs["offsets"])
@@ -342,11 +341,7 @@ class ClusterFormerQuestionAnsweringPipeline(Pipeline):
         end = model_outputs["end_logits"][0, :length].double()  # (T,)
         answerable = model_outputs.get("answerable_logits")
         answers = rank_spans(
-            start,
-            end,
-            torch.tensor(model_outputs["candidate"]),
-            max_answer_len=max_answer_len,
-            top_k=top_k,
+            start, end, torch.tensor(model_outputs["candidate"]), max_answer_len=max_answer_len, top_k=top_k,
             handle_impossible_answer=handle_impossible_answer,
             answerable_logits=answerable[0].double() if answerable is not None else None,
         )
@@ -413,46 +408,28 @@ class ClusterFormerQuestionAnsweringPipeline(Pipeline):
         return None if token_id is None or token_id == self.tokenizer.unk_token_id else token_id
 
     def save_pretrained(self, save_directory, **kwargs):
-        """Save model, tokenizer and this pipeline's code so that ``trust_remote_code=True`` loads all three.
-
-        A model whose classes are not part of transformers gets ``auto_map`` entries for its config and model
-        class (their code files are copied by ``save_pretrained``), and the tokenizer's ``model_max_length``
-        covers the model's longest input.
-        """
+        """Save model, tokenizer (reading up to the model's limit) and this pipeline's code so that
+        ``trust_remote_code=True`` loads all three (a model of classes outside transformers gets ``auto_map``)."""
         model_class, config_class = type(self.model), type(self.model.config)
         if not model_class.__module__.startswith("transformers."):
             if getattr(config_class, "_auto_class", None) is None:
                 config_class.register_for_auto_class()
             if getattr(model_class, "_auto_class", None) is None:
                 model_class.register_for_auto_class("AutoModelForQuestionAnswering")
-        needed = required_model_max_length(self.model.config)
-        if needed is not None and self.tokenizer.model_max_length < needed:
-            self.tokenizer.model_max_length = needed
+        use_model_limit(self.tokenizer, self.model.config)
         return super().save_pretrained(save_directory, **kwargs)
 
 
 def rank_spans(
-    start_logits: torch.Tensor,
-    end_logits: torch.Tensor,
-    candidate: torch.Tensor,
-    max_answer_len: int = 15,
-    top_k: int = 1,
-    handle_impossible_answer: bool = False,
-    answerable_logits: torch.Tensor | None = None,
+    start_logits: torch.Tensor, end_logits: torch.Tensor, candidate: torch.Tensor, max_answer_len: int = 15,
+    top_k: int = 1, handle_impossible_answer: bool = False, answerable_logits: torch.Tensor | None = None,
 ) -> list[tuple[float, int, int]]:
-    """Best answer spans by a softmax over all valid spans.
+    """Up to ``top_k`` best answer spans ``(score, start_token, end_token)`` by a softmax over all valid spans, sorted
+    by score; the empty answer (``handle_impossible_answer``) is ``(score, -1, -1)``.
 
-    Args:
-        start_logits, end_logits: (T,) logits of one example.
-        candidate: (T,) bool, tokens that may start or end an answer (context tokens with text).
-        max_answer_len: most tokens in a span, ``end - start + 1``.
-        top_k: spans to return.
-        handle_impossible_answer: also rank the empty answer.
-        answerable_logits: optional (2,) [no answer, answer] logits; without them the empty answer's logit is
-            ``start_logits[0] + end_logits[0]``.
-
-    Returns:
-        Up to ``top_k`` ``(score, start_token, end_token)`` sorted by score; the empty answer is ``(score, -1, -1)``.
+    ``start_logits``, ``end_logits``: (T,) of one example; ``candidate``: (T,) bool, tokens that may start or end an
+    answer; a span has at most ``max_answer_len`` tokens. ``answerable_logits``: optional (2,) [no answer, answer]
+    logits; without them the empty answer's logit is ``start_logits[0] + end_logits[0]``.
     """
     positions = candidate.nonzero().flatten()  # (n,)
     count = positions.numel()
@@ -496,18 +473,9 @@ def rank_spans(
 def rank_paragraphs(
     logits: torch.Tensor, paragraphs: list[tuple[int, int, int]], context: str, top_k: int = 1
 ) -> list[dict]:
-    """Rank paragraphs by the logit of their first token, softmaxed over the paragraphs.
-
-    Args:
-        logits: (T,) per-token scores (``start_logits``).
-        paragraphs: ``(first_token, char_start, char_end)`` of every paragraph.
-        context: the context text.
-        top_k: paragraphs to return.
-
-    Returns:
-        Up to ``top_k`` dicts ``{"score", "start", "end", "answer", "index"}`` sorted by score, where
-        ``answer == context[start:end]`` and ``index`` is the paragraph's position in the context.
-    """
+    """Rank ``paragraphs`` (``(first_token, char_start, char_end)`` each) by the logit (``logits``: (T,), the
+    ``start_logits``) of their first token, softmaxed over the paragraphs: up to ``top_k`` dicts ``{"score", "start",
+    "end", "answer", "index"}`` sorted by score, ``answer == context[start:end]``, ``index`` the paragraph's place."""
     if not paragraphs:
         return []
     scores = torch.softmax(logits[torch.tensor([p[0] for p in paragraphs])], dim=0)  # (P,)
@@ -525,10 +493,7 @@ def rank_paragraphs(
 
 
 def _paragraphs(
-    context: str,
-    offsets: list[tuple[int, int]],
-    sequence_ids: list[int | None],
-    token_ids: list[int],
+    context: str, offsets: list[tuple[int, int]], sequence_ids: list[int | None], token_ids: list[int],
     passage_id: int | None,
 ) -> list[tuple[int, int, int]]:
     """``(first_token, char_start, char_end)`` of each paragraph: from each passage token, else between blank lines."""
@@ -611,12 +576,8 @@ ClusterFormerQuestionAnsweringPipeline._registered_impl = {
 
 
 def register_pipeline() -> None:
-    """Register the pipeline as transformers' ``question-answering`` task, for the rest of the process (idempotent).
-
-    transformers 5 lists ``question-answering`` in ``transformers.pipelines.REMOVED_TASKS``, which makes
-    ``pipeline("question-answering", ...)`` raise before looking at the registry; registering takes the task
-    name off that list. Importing the package does not call this; `pipeline` does.
-    """
+    """Register the pipeline as transformers' ``question-answering`` task for the rest of the process (idempotent),
+    taking the name off ``transformers.pipelines.REMOVED_TASKS``. Importing the package does not call this."""
     getattr(hf_pipelines, "REMOVED_TASKS", {}).pop(TASK, None)  # transformers >= 5.2x lists removed tasks
     current = PIPELINE_REGISTRY.supported_tasks.get(TASK, {}).get("impl")
     if current is not ClusterFormerQuestionAnsweringPipeline:
@@ -627,52 +588,83 @@ def register_pipeline() -> None:
         )
 
 
-def pipeline(model: Any = None, tokenizer: Any = None, **kwargs: Any) -> ClusterFormerQuestionAnsweringPipeline:
-    """``transformers.pipeline("question-answering", ...)`` with this pipeline class, no remote code needed; registers
-    the task first (`register_pipeline`).
+class _WholeText:
+    """Mixin for transformers' pipelines of the other heads: the model's limit (`use_model_limit`), its weights
+    checked (`check_trained`), a longer text refused with the numbers instead of cut."""
 
-    ``model`` is a model, a local checkpoint directory or a Hub repo id; other arguments go to
-    ``transformers.pipeline`` (``device``, ``top_k``, ``max_answer_len``, ...).
-    """
+    def __init__(self, *args, allow_untrained: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        check_trained(self.model, allow_untrained, head=self.task or "new")
+        use_model_limit(self.tokenizer, self.model.config)
+
+    def preprocess(self, inputs, *args, **kwargs):
+        if isinstance(inputs, str) and self.tokenizer is not None:
+            count, limit = len(self.tokenizer(inputs, verbose=False)["input_ids"]), self.tokenizer.model_max_length
+            if count > limit:
+                raise ValueError(f"the text has {count} tokens, more than this model reads ({limit}); the pipeline "
+                                 "does not cut texts: shorten it, or use a model with a larger max_context_length.")
+        return super().preprocess(inputs, *args, **kwargs)
+
+
+def pipeline(model: Any = None, tokenizer: Any = None, task: str = TASK, **kwargs: Any) -> Pipeline:
+    """``transformers.pipeline(task, ...)`` over whole inputs up to the model's limit (`use_model_limit`), no remote
+    code needed: this module's QA pipeline (registered first), or transformers' ``fill-mask``, ``text-classification``
+    or ``token-classification`` one, which refuses a longer text with the numbers instead of cutting it. ``model``: a
+    model, a checkpoint directory or a Hub id; another head's folder, an untrained head (``allow_untrained=True`` for
+    smoke tests) and NaN/inf weights are refused in one line. Other arguments go to ``transformers.pipeline``."""
     from transformers import pipeline as make_pipeline
 
-    register_pipeline()
-    kwargs.setdefault("pipeline_class", ClusterFormerQuestionAnsweringPipeline)
+    task = hf_pipelines.TASK_ALIASES.get(task, task)
+    if task == TASK:
+        register_pipeline()
+    elif task not in _HEADS:
+        raise ValueError(f"task must be one of {[TASK, *_HEADS]}, got {task!r}.")
+    impl = ClusterFormerQuestionAnsweringPipeline if task == TASK else getattr(hf_pipelines, _HEADS[task] + "Pipeline")
+    kwargs.setdefault("pipeline_class", impl if task == TASK else type(impl.__name__, (_WholeText, impl), {"__module__": __name__}))
     if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
-        model, tokenizer = _load_for_pipeline(model, tokenizer, kwargs)
-    return make_pipeline(TASK, model=model, tokenizer=tokenizer, **kwargs)
+        model, tokenizer = _load_for_pipeline(model, tokenizer, kwargs, task)
+    return make_pipeline(task, model=model, tokenizer=tokenizer, **kwargs)
 
 
-def check_question_answering_config(config: dict, source: Any) -> None:
-    """Raise `ValueError` in one line when the ``config.json`` values ``config`` of checkpoint ``source`` hold no QA
-    model this pipeline can use: another model type (GPT-2, BERT), or a Cluster-Former model with another head
-    (masked LM, classification), whose QA head would be new and random."""
+#: The transformers pipeline class (less "Pipeline") of each other head's task.
+_HEADS = {"fill-mask": "FillMask", "text-classification": "TextClassification", "token-classification": "TokenClassification"}
+
+
+def check_question_answering_config(config: dict, source: Any, task: str = TASK) -> None:
+    """Raise `ValueError` in one line when the ``config.json`` values ``config`` of checkpoint ``source`` hold no
+    ``task`` model: another model type (GPT-2, BERT), or a Cluster-Former model of another head (new and random)."""
     kind, heads = config.get("model_type"), config.get("architectures") or []
+    wanted = {"fill-mask": "MaskedLM", "text-classification": "SequenceClassification"}.get(task, _HEADS.get(task, "QuestionAnswering"))
     if kind not in (None, "clusterformer", "roberta"):
-        raise ValueError(f"{source} is a {kind!r} checkpoint, not a Cluster-Former one; give a Cluster-Former QA "
-                         "checkpoint (a RoBERTa or BERT-family one converted by `clusterformer convert SRC OUT`).")
-    other = [h for h in heads if str(h).startswith("ClusterFormerFor") and not h.endswith("QuestionAnswering")]
+        raise ValueError(f"{source} is a {kind!r} checkpoint, not a Cluster-Former one; give a Cluster-Former "
+                         f"{'QA ' if task == TASK else ''}checkpoint (a RoBERTa or BERT-family one converted by "
+                         f"`clusterformer convert SRC OUT{'' if task == TASK else ' --task ' + task}`).")
+    other = [h for h in heads if str(h).startswith("ClusterFormerFor") and not h.endswith(wanted)]
     if other and len(other) == len(heads):
         head = other[0].removeprefix("ClusterFormerFor")
-        what = "masked-LM" if head == "MaskedLM" else re.sub(r"(?<!^)(?=[A-Z])", "-", head).lower()
-        raise ValueError(f"{source} holds a {what} model ({other[0]}), not a question-answering one, so it has no QA "
-                         f"head to answer with: load it with transformers.AutoModelFor{head}, or fine-tune a QA model "
-                         f"from it with `clusterformer train --model_name_or_path {source} --train_file ...`.")
+        own = {"MaskedLM": "fill-mask", "QuestionAnswering": TASK}.get(head, re.sub(r"(?<!^)(?=[A-Z])", "-", head).lower())
+        what = "masked-LM" if head == "MaskedLM" else own
+        fix = (f"load it with transformers.AutoModelFor{head}, or fine-tune a QA model from it with `clusterformer "
+               f"train --model_name_or_path {source} --train_file ...`" if task == TASK else
+               f"use it with task={own!r}, or fine-tune a {task} model from it")
+        raise ValueError(f"{source} holds a {what} model ({other[0]}), not a {task} one, so it has no {task} head "
+                         f"to {'answer' if task == TASK else 'run'} with: {fix}.")
 
 
-def _load_for_pipeline(path: Any, tokenizer: Any, kwargs: dict) -> tuple[Any, Any]:
-    """The QA model of a checkpoint, its weights that the checkpoint lacks marked as untrained (`mark_untrained`);
-    one that cannot be found fails at once (`check_checkpoint_source`), one with no QA model in one line."""
+def _load_for_pipeline(path: Any, tokenizer: Any, kwargs: dict, task: str = TASK) -> tuple[Any, Any]:
+    """The ``task`` model of a checkpoint, its weights that the checkpoint lacks marked as untrained; one that cannot
+    be found fails at once (`check_checkpoint_source`), one with no ``task`` model in one line."""
     from transformers import PretrainedConfig
 
     path = check_checkpoint_source(path, "model")
     hub = {name: kwargs[name] for name in ("revision", "token", "trust_remote_code") if name in kwargs}
     check_question_answering_config(PretrainedConfig.get_config_dict(path, **{
-        k: v for k, v in hub.items() if k != "trust_remote_code"})[0], path)
+        k: v for k, v in hub.items() if k != "trust_remote_code"})[0], path, task)
     options = {**hub, **dict(kwargs.pop("model_kwargs", None) or {})}
     if "dtype" in kwargs:
         options["dtype"] = kwargs.pop("dtype")
-    model, info = AutoModelForQuestionAnswering.from_pretrained(path, output_loading_info=True, **options)
+    auto = hf_pipelines.SUPPORTED_TASKS[task]["pt"][0] if task != TASK else AutoModelForQuestionAnswering
+    model, info = auto.from_pretrained(path, output_loading_info=True, **options)
     mark_untrained(model, [key for key in info["missing_keys"] if ".router." not in key])
     return model, tokenizer if tokenizer is not None else path
 
@@ -683,6 +675,7 @@ __all__ = [
     "ClusterFormerQuestionAnsweringPipeline",
     "UntrainedModelError",
     "check_checkpoint_source",
+    "check_finite",
     "check_question_answering_config",
     "check_trained",
     "hub_unreachable",
@@ -694,4 +687,5 @@ __all__ = [
     "rank_spans",
     "register_pipeline",
     "required_model_max_length",
+    "use_model_limit",
 ]

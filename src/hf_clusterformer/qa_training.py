@@ -307,12 +307,17 @@ def _check_columns(splits: dict[str, datasets.Dataset]) -> None:
             )
 
 
-def _check_answer_offsets(splits: dict[str, datasets.Dataset]) -> None:
-    """Raise `ValueError` with dataset-wide counts and row numbers when answer texts are not at their offsets."""
+def _check_answer_offsets(splits: dict[str, datasets.Dataset], sources: dict[str, str | None] | None = None) -> None:
+    """Raise `ValueError` with dataset-wide counts and row numbers when answer texts are not at their offsets, or
+    naming the file (``sources``) whose answers are malformed."""
     for name, split in splits.items():
         if "answers" not in split.column_names:
             continue
-        bad = misplaced_answers(split["context"], split["answers"])
+        try:
+            bad = misplaced_answers(split["context"], split["answers"])
+        except ValueError as error:
+            raise ValueError(f"the {name} data{f' ({(sources or {}).get(name)})' if (sources or {}).get(name) else ''}: "
+                             f"{error}") from None
         if bad:
             raise ValueError(
                 f"{len(bad)} of {len(split)} {name} examples have an answer text not found at its answer_start "
@@ -376,7 +381,7 @@ def load_raw_datasets(data: DataArguments) -> datasets.DatasetDict:
     if "validation" in splits and data.eval_samples:
         splits["validation"] = splits["validation"].select(range(min(data.eval_samples, len(splits["validation"]))))
     _check_texts(splits, {"train": data.train_file, "validation": data.validation_file})
-    _check_answer_offsets(splits)
+    _check_answer_offsets(splits, {"train": data.train_file, "validation": data.validation_file})
     return datasets.DatasetDict(splits)
 
 

@@ -92,11 +92,15 @@ def read_documents(path: str) -> list[str]:
     file = Path(path)
     if not file.is_file():
         raise FileNotFoundError(f"data file {path} does not exist.")
-    if file.suffix == ".txt":
-        return [doc.strip() for doc in file.read_text(encoding="utf-8").split("\n\n") if doc.strip()]
-    if file.suffix not in (".json", ".jsonl"):
+    if file.suffix not in (".txt", ".json", ".jsonl"):
         raise ValueError(f"data file {path} must be .txt, .json or .jsonl.")
-    text = file.read_text(encoding="utf-8")
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"data file {path} is not UTF-8 text (byte {error.start}: {error.reason}); "
+                         "save it as UTF-8.") from None
+    if file.suffix == ".txt":
+        return [doc.strip() for doc in text.split("\n\n") if doc.strip()]
     records = [json.loads(line) for line in text.splitlines() if line.strip()] if file.suffix == ".jsonl" else json.loads(text)
     if not isinstance(records, list) or not all(isinstance(r, dict) and isinstance(r.get("text"), str) for r in records):
         raise ValueError(f"data file {path} must hold records with a 'text' field.")
@@ -202,7 +206,9 @@ def load_model(model_args, data_args, train_documents: list[str], seed: int = 0)
     else:
         model = ClusterFormerForMaskedLM.from_pretrained(path, **options, **extra)
         tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name or path)
-    tokenizer.model_max_length = max(tokenizer.model_max_length or 0, data_args.max_seq_length)
+    # the saved tokenizer reads up to the model's limit (pipelines would cut at RoBERTa's 512)
+    tokenizer.model_max_length = max(tokenizer.model_max_length or 0, data_args.max_seq_length,
+                                     model.config.max_input_length)
     return model, tokenizer
 
 
@@ -293,6 +299,8 @@ def evaluate_blocks(model, blocks: datasets.Dataset) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = _argument_parser((ModelArguments, MlmDataArguments, CentroidArguments, TrainingArguments))
     model_args, data_args, centroid_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    if not (training_args.do_train or training_args.do_eval):
+        raise ValueError("nothing to do: give --do_train, --do_eval or both (nothing was written).")
     with run_output_dir(training_args, model_args.overwrite):  # the write rule of `clusterformer train`
         return _run(model_args, data_args, centroid_args, training_args)
 

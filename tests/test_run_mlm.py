@@ -167,3 +167,18 @@ def test_masking_never_draws_a_special_token_and_evaluation_passes_its_mask(run_
 
     scores = run_mlm.evaluate_blocks(model, datasets.Dataset.from_list([row]))
     assert scores["masked_tokens"] == 1 and scores["loss"] > 0
+
+
+def test_a_run_with_nothing_to_do_and_a_non_utf8_file_are_one_line(run_mlm, tmp_path):
+    """Rows: without --do_train / --do_eval the script exited 0 having done nothing and left an all_results.json that
+    blocked the next run; a file that is not UTF-8 gave the codec's message without the file's name."""
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("Caf\u00e9 au lait.\n\nUn autre.".encode("latin-1"))
+    with pytest.raises(ValueError, match=f"data file {latin} is not UTF-8 text"):
+        run_mlm.read_documents(str(latin))
+    out = tmp_path / "out"
+    result = run_script("--train_file", str(latin), "--output_dir", str(out), *TINY)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr[-2000:]
+    assert lines[0].startswith("run_mlm.py: error: nothing to do: give --do_train, --do_eval or both"), lines
+    assert not out.exists()

@@ -20,8 +20,12 @@ $(STAMP): setup.cfg constraints.txt pyproject.toml research/pyproject.toml
 demo: install
 	$(PY) examples/demo.py --output_dir outputs --overwrite
 
+# Two test processes (pytest-xdist), each file's tests in one of them (module fixtures are built once); TEST_WORKERS=0
+# runs them in this process.
+TEST_WORKERS ?= 2
+
 test: install common-tests
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 # transformers' common model tests (ModelTesterMixin), which its wheel does not ship: unpacked from the sdist of the
 # installed version into .cache/transformers-tests/ (tests/test_transformers_common.py runs them on every head).

@@ -160,11 +160,15 @@ def test_an_interrupted_write_leaves_the_folder_as_it_was_and_says_so(tmp_path):
     folder = tmp_path / "model"
     folder.mkdir()
     (folder / "config.json").write_text('{"old": 1}', encoding="utf-8")
-    with pytest.raises(WriteInterrupted, match="left as it was"):
-        with writing_model_dir(folder, overwrite=True) as staging:
-            (staging / "config.json").write_text("{}", encoding="utf-8")
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(5)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a command (a test worker ignores it)
+    try:
+        with pytest.raises(WriteInterrupted, match="left as it was"):
+            with writing_model_dir(folder, overwrite=True) as staging:
+                (staging / "config.json").write_text("{}", encoding="utf-8")
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(5)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert sorted(os.listdir(folder)) == ["config.json"]
     assert (folder / "config.json").read_text(encoding="utf-8") == '{"old": 1}'
 
@@ -327,7 +331,8 @@ def test_ctrl_c_of_a_training_run_is_one_line_and_keeps_its_checkpoints(work, tm
     process = subprocess.Popen(
         [sys.executable, "-m", "hf_clusterformer_cli", "train", "--train_file", str(data), "--output_dir", str(out),
          "--overwrite", "--max_steps", "100000", "--save_steps", "1", "--save_total_limit", "2", *args],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV, stdin=subprocess.DEVNULL)
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV, stdin=subprocess.DEVNULL,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # a test worker's ignored SIGINT is inherited
     try:
         deadline = time.time() + 240
         while not list(out.glob(".clusterformer-write-*/checkpoint-2/trainer_state.json")):

@@ -185,9 +185,10 @@ def _check_loaded(result, model, answers, with_pipeline=True):
 
 def test_checkpoint_is_self_contained(checkpoint):
     path, _, model, _ = checkpoint
-    files = sorted(p.name for p in path.iterdir())
+    files = sorted(p.name for p in path.iterdir() if not p.name.startswith("."))
     expected = [*CODE_FILES, "README.md", "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
     assert files == sorted(expected)
+    assert [p.name for p in path.iterdir() if p.name.startswith(".")] == [".clusterformer-files.json"]  # never pushed
     assert check_hub_checkpoint(path) == []
     package = Path(hf_clusterformer.__file__).parent
     for name in CODE_FILES:
@@ -231,7 +232,8 @@ def test_push_and_pull_through_the_hub_without_the_package(checkpoint, hub_serve
     # model.push_to_hub + tokenizer.push_to_hub after prepare_for_hub: weights, config with auto_map, code, tokenizer
     assert {"config.json", "model.safetensors", "configuration_clusterformer.py", "modeling_clusterformer.py",
             "tokenizer.json", "tokenizer_config.json"} <= set(pushed["pushed"])
-    assert sorted(p.name for p in path.iterdir()) == [f for f in pushed["full"] if f != ".gitattributes"]
+    assert sorted(p.name for p in path.iterdir() if not p.name.startswith(".")) == [
+        f for f in pushed["full"] if f != ".gitattributes"]
     assert pushed["full_sha"] == pushed["commit"]
     assert not [f for f in pushed["pushed"] + pushed["full"] if f.endswith((".bin", ".pt", ".pth", ".pkl"))]
 

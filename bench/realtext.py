@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
-import importlib.util
 import json
 import os
 import random
@@ -47,7 +46,6 @@ import signal
 import subprocess
 import sys
 import time
-import types
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +58,7 @@ from hf_clusterformer.conversion import convert_checkpoint
 from hf_clusterformer.data.multipassage import default_squad_path, read_squad
 from hf_clusterformer.features import postprocess_predictions, prepare_train_features, prepare_validation_features
 from hf_clusterformer.hub import quiet_loading
+from hf_clusterformer.metrics import exact_match_score, f1_score
 from hf_clusterformer.modeling_clusterformer import count_windows, locate_question_prefix
 from hf_clusterformer.pretrained import fetch_pretrained
 
@@ -224,42 +223,12 @@ def seed_everything(seed: int) -> None:
     np.random.seed(seed)
 
 
-def load_squad_scorers():
-    """``(exact_match_score, f1_score)`` of `hf_clusterformer.metrics`. Where ``datasets`` or ``evaluate`` is missing
-    (the metric module imports both for its ``evaluate`` wrapper), its file is loaded with stand-ins for them."""
-    try:
-        from hf_clusterformer.metrics import exact_match_score, f1_score
-        return exact_match_score, f1_score
-    except ImportError:
-        import hf_clusterformer
-
-    stand_in = types.ModuleType("evaluate")
-    stand_in.Metric = object
-    decorator = types.SimpleNamespace(add_start_docstrings=lambda *_: lambda c: c)
-    stand_in.utils = types.SimpleNamespace(file_utils=decorator)
-    saved = {name: sys.modules.get(name, stand_in) for name in ("datasets", "evaluate")}  # stand_in: not imported
-    sys.modules.update(datasets=types.ModuleType("datasets"), evaluate=stand_in)
-    try:
-        path = Path(hf_clusterformer.__file__).parent / "metrics" / "squad_metric.py"
-        spec = importlib.util.spec_from_file_location("_realtext_squad_metric", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        for name, value in saved.items():
-            if value is stand_in:
-                del sys.modules[name]
-            else:
-                sys.modules[name] = value
-    return module.exact_match_score, module.f1_score
-
-
-EXACT_MATCH, F1 = load_squad_scorers()
 
 
 def squad_scores(prediction: str, answers: list[str]) -> tuple[float, float]:
     """Per-question SQuAD EM and F1 (0-100), the best over the gold answers (their mean is `compute_squad`'s)."""
-    return (100.0 * max(EXACT_MATCH(prediction, a) for a in answers),
-            100.0 * max(F1(prediction, a) for a in answers))
+    return (100.0 * max(exact_match_score(prediction, a) for a in answers),
+            100.0 * max(f1_score(prediction, a) for a in answers))
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -109,3 +109,22 @@ def test_evaluate_load_works_offline_in_a_fresh_interpreter(tmp_path):
     assert json.loads(out.stdout.strip().splitlines()[-1]) == pytest.approx(
         {"exact_match": 0.0, "f1": 80.0}
     )
+
+
+def test_scores_import_without_datasets_and_evaluate(monkeypatch):
+    """Where neither is installed (a bare GPU machine), the scores import and score the same; only the ``evaluate``
+    wrapper is absent."""
+    import importlib
+
+    for name in ("datasets", "evaluate"):
+        monkeypatch.setitem(sys.modules, name, None)  # an import fails as if not installed
+    for name in ("hf_clusterformer.metrics", "hf_clusterformer.metrics.squad_metric"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    bare = importlib.import_module("hf_clusterformer.metrics")
+    assert bare.exact_match_score is not exact_match_score
+    assert not hasattr(bare.squad_metric, "SquadMetric")
+    for prediction, truth in (("the Denver Broncos", "Denver Broncos"), ("Denver", "Denver Broncos"), ("x", "y")):
+        assert (bare.exact_match_score(prediction, truth), bare.f1_score(prediction, truth)) == (
+            exact_match_score(prediction, truth), f1_score(prediction, truth))
+    assert bare.compute_squad({"1": "Denver"}, {"1": ["Denver Broncos"]}) == compute_squad(
+        {"1": "Denver"}, {"1": ["Denver Broncos"]})

@@ -10,15 +10,19 @@ Loadable by path, without network access::
 Answers are normalised as in the official v1.1 evaluation script (lower case, punctuation and
 the articles a/an/the removed, whitespace collapsed); each prediction scores the maximum over
 its gold answers; results are percentages. The file imports nothing from its package, so that
-``evaluate`` can copy it into its module cache.
+``evaluate`` can copy it into its module cache. The scores need neither ``datasets`` nor ``evaluate``: the
+``evaluate`` wrapper is defined only where both are installed.
 """
 
 import re
 import string
 from collections import Counter
 
-import datasets
-import evaluate
+try:
+    import datasets
+    import evaluate
+except ImportError:
+    datasets = evaluate = None
 
 _CITATION = """\
 @inproceedings{rajpurkar-etal-2016-squad,
@@ -93,34 +97,36 @@ def compute_squad(predictions: dict, references: dict) -> dict:
     return {"exact_match": 100.0 * exact / len(references), "f1": 100.0 * f1 / len(references)}
 
 
-@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class SquadMetric(evaluate.Metric):
-    """SQuAD v1.1 exact match and F1."""
+if evaluate is not None:
 
-    def _info(self):
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation=_CITATION,
-            inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features(
-                {
-                    "predictions": {
-                        "id": datasets.Value("string"),
-                        "prediction_text": datasets.Value("string"),
-                    },
-                    "references": {
-                        "id": datasets.Value("string"),
-                        "answers": {
-                            "text": datasets.List(datasets.Value("string")),
-                            "answer_start": datasets.List(datasets.Value("int32")),
+    @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
+    class SquadMetric(evaluate.Metric):
+        """SQuAD v1.1 exact match and F1."""
+
+        def _info(self):
+            return evaluate.MetricInfo(
+                description=_DESCRIPTION,
+                citation=_CITATION,
+                inputs_description=_KWARGS_DESCRIPTION,
+                features=datasets.Features(
+                    {
+                        "predictions": {
+                            "id": datasets.Value("string"),
+                            "prediction_text": datasets.Value("string"),
                         },
-                    },
-                }
-            ),
-            reference_urls=["https://rajpurkar.github.io/SQuAD-explorer/"],
-        )
+                        "references": {
+                            "id": datasets.Value("string"),
+                            "answers": {
+                                "text": datasets.List(datasets.Value("string")),
+                                "answer_start": datasets.List(datasets.Value("int32")),
+                            },
+                        },
+                    }
+                ),
+                reference_urls=["https://rajpurkar.github.io/SQuAD-explorer/"],
+            )
 
-    def _compute(self, predictions, references):
-        predicted = {p["id"]: p["prediction_text"] for p in predictions}
-        gold = {r["id"]: list(r["answers"]["text"]) for r in references}
-        return compute_squad(predicted, gold)
+        def _compute(self, predictions, references):
+            predicted = {p["id"]: p["prediction_text"] for p in predictions}
+            gold = {r["id"]: list(r["answers"]["text"]) for r in references}
+            return compute_squad(predicted, gold)

@@ -40,7 +40,8 @@ from transformers import TrainingArguments, set_seed
 
 from clusterformer_research.longrange import build_longrange_tokenizer, generate_longrange_dataset
 from hf_clusterformer import ClusterFormerConfig, ClusterFormerForQuestionAnswering
-from hf_clusterformer.configuration_clusterformer import model_options, required_position_embeddings
+from hf_clusterformer.configuration_clusterformer import required_position_embeddings
+from hf_clusterformer.conversion import model_options
 from hf_clusterformer.qa_training import (
     SMALL_MODEL_CENTROIDS,
     DataArguments,

@@ -32,7 +32,8 @@ from transformers import TrainingArguments, set_seed
 from clusterformer_research.longrange import build_longrange_tokenizer, generate_longrange_dataset
 from hf_clusterformer import CentroidUpdateCallback, ClusterFormerConfig, ClusterFormerForQuestionAnswering
 from hf_clusterformer import pipeline as qa_pipeline
-from hf_clusterformer.configuration_clusterformer import model_options, required_position_embeddings
+from hf_clusterformer.configuration_clusterformer import required_position_embeddings
+from hf_clusterformer.conversion import model_options
 from hf_clusterformer.data import squad_features
 from hf_clusterformer.features import prepare_train_features
 from hf_clusterformer.hub import save_for_hub

@@ -53,10 +53,10 @@ from transformers import (
 from hf_clusterformer import CentroidUpdateCallback, ClusterFormerConfig, ClusterFormerForMaskedLM
 from hf_clusterformer.callback import FiniteTrainingCallback
 from hf_clusterformer.centroid_updates import CentroidUpdater
-from hf_clusterformer.configuration_clusterformer import model_options, required_position_embeddings
+from hf_clusterformer.configuration_clusterformer import required_position_embeddings
 from hf_clusterformer.data import build_tokenizer
 from hf_clusterformer.data.multipassage import default_squad_path, read_squad
-from hf_clusterformer.conversion import checkpoint_model_type, convert_checkpoint
+from hf_clusterformer.conversion import checkpoint_model_type, convert_checkpoint, model_options
 from hf_clusterformer_files import run_output_dir
 from hf_clusterformer.qa_training import CentroidArguments, ModelArguments, _argument_parser
 

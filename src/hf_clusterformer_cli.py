@@ -306,7 +306,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         check_output_dir(args.output_dir, args.overwrite, "--overwrite")
     except OSError as error:
         raise CommandError(str(error)) from error
-    from hf_clusterformer.configuration_clusterformer import model_options
+    from hf_clusterformer.conversion import model_options
 
     options = {name: getattr(args, name) for name in model_options()}
     try:
@@ -426,9 +426,9 @@ def _push(checkpoint: str, repo_id: str, private: bool = False, message: str | N
 
 
 def _add_model_option_flags(convert: argparse.ArgumentParser) -> None:
-    """``convert``'s flags for the model options, from `hf_clusterformer.configuration_clusterformer.model_options`
+    """``convert``'s flags for the model options, from `hf_clusterformer.conversion.model_options`
     (names, types, defaults and help of `ClusterFormerConfig`); unset, they are ``None``."""
-    from hf_clusterformer.configuration_clusterformer import model_options
+    from hf_clusterformer.conversion import model_options
 
     options = convert.add_argument_group("model options (left out: a Cluster-Former source's own, else the default)")
     add_option_flags(options, model_options().values(), types={"max_context_length": _context_length})

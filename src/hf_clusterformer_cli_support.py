@@ -79,7 +79,7 @@ def add_option_flags(
     dashes: bool = True,
 ) -> None:
     """One flag per option of a table (rows with ``name``, ``item_type``, ``many``, ``default``, ``help`` and
-    ``choices``, such as `hf_clusterformer.configuration_clusterformer.model_options`).
+    ``choices``, such as `hf_clusterformer.conversion.model_options`).
 
     A flag's default is ``defaults[name]`` when given (a script's recipe), else ``None`` (left out: the caller keeps
     what it has); its help names the default it stands for. Options that take lists take any number of values,

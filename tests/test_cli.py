@@ -563,7 +563,8 @@ def test_model_options_are_the_configs_fields_and_the_layer_kind_shortcuts(capsy
     has a flag for each, its help naming the config's default."""
     from dataclasses import fields
 
-    from hf_clusterformer.configuration_clusterformer import LAYER_KIND_SHORTCUTS, model_options
+    from hf_clusterformer.configuration_clusterformer import LAYER_KIND_SHORTCUTS
+    from hf_clusterformer.conversion import model_options
 
     options = model_options()
     added = {f.name for f in fields(ClusterFormerConfig)} - {f.name for f in fields(RobertaConfig)}

@@ -5,6 +5,7 @@ import logging
 import pytest
 import torch
 from helpers import pad_batch, pair_encoding, random_example, tiny_config
+from huggingface_hub.errors import StrictDataclassError
 from transformers import (
     AutoConfig,
     AutoModel,
@@ -341,11 +342,12 @@ def test_config_defaults_and_validation():
         (dict(cluster_layers=[12]), "cluster_layers"),
         (dict(global_layer_type="dense"), "global_layer_type"),
         (dict(num_clusters=0), "num_clusters"),
-        (dict(num_clusters="many"), "num_clusters"),
         (dict(max_context_length=0), "max_context_length"),
     ]:
         with pytest.raises(ValueError, match=field):
             ClusterFormerConfig(**bad)
+    with pytest.raises(StrictDataclassError, match="num_clusters"):  # types are @strict's
+        ClusterFormerConfig(num_clusters="many")
     with pytest.raises(ValueError, match="max_question_length"):
         ClusterFormerModel(ClusterFormerConfig(max_question_length=400))
 

@@ -8,6 +8,7 @@ import re
 
 import pytest
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from transformers import PretrainedConfig
 
 from hf_clusterformer import ClusterFormerConfig, ClusterFormerForQuestionAnswering, ClusterFormerModel
@@ -141,7 +142,7 @@ def test_layer_kinds_is_the_one_stored_list_and_the_shortcuts_are_constructor_ar
     assert config.global_layers == [1, 2, 3]
     with pytest.raises(ValueError, match="disagree with layer_kinds"):
         ClusterFormerConfig(num_hidden_layers=3, cluster_layers=[1], layer_kinds=["sliding", "sliding", "lsh"])
-    with pytest.raises(ValueError, match="layer_kinds must be a list"):
+    with pytest.raises(StrictDataclassError, match="layer_kinds"):  # typed by @strict, a kind of `LayerKind`
         ClusterFormerConfig(num_hidden_layers=2, layer_kinds=["sliding", "dense"])
     with pytest.raises(ValueError, match="one per layer"):
         ClusterFormerConfig(num_hidden_layers=3, layer_kinds=["sliding", "cluster"])
@@ -161,6 +162,39 @@ def test_layer_kinds_is_the_one_stored_list_and_the_shortcuts_are_constructor_ar
     assert overridden.config.layer_kinds == ["sliding", "lsh", "sliding", "lsh"]
     assert sorted(overridden.roberta.encoder.routers) == ["1", "3"]
     assert ClusterFormerConfig.from_pretrained(tmp_path, cluster_layers=[]).layer_kinds == ["sliding"] * 4
+
+
+@pytest.mark.parametrize("layout", ["shortcuts", "layer_types", "layer_kinds"])
+def test_a_config_json_of_every_layout_loads_the_same_layer_kinds(layout, tmp_path):
+    """config.json as each earlier layout stored the kinds (``cluster_layers`` + ``global_layer_type``; ``layer_types``;
+    ``layer_kinds``) loads into one ``layer_kinds``, through from_pretrained and AutoConfig, and saves in today's."""
+    from transformers import AutoConfig
+
+    kinds = ["sliding", "cluster", "lsh", "sparse"]
+    stored = {"shortcuts": {"cluster_layers": [1, 2, 3], "global_layer_type": kinds[1:]}, "layer_types": {"layer_types": kinds},
+              "layer_kinds": {"layer_kinds": kinds}}[layout]
+    saved = {key: value for key, value in tiny_config(num_hidden_layers=4).to_dict().items() if key != "layer_kinds"}
+    (tmp_path / "config.json").write_text(json.dumps({**saved, **stored}))
+    for config in (ClusterFormerConfig.from_pretrained(tmp_path), AutoConfig.from_pretrained(tmp_path)):
+        assert config.layer_kinds == kinds and not {"cluster_layers", "global_layer_type", "layer_types"} & set(vars(config))
+    assert ClusterFormerConfig.from_pretrained(tmp_path, global_layer_type="sparse").layer_kinds == ["sliding", *["sparse"] * 3]
+    assert ClusterFormerConfig.from_pretrained(tmp_path, num_hidden_layers=3).layer_kinds == kinds[:3]
+    config.save_pretrained(tmp_path / "again")
+    assert json.loads((tmp_path / "again" / "config.json").read_text())["layer_kinds"] == kinds
+
+
+def test_a_config_loads_on_any_machine_and_the_model_build_checks_its_memory(tmp_path, monkeypatch):
+    """Centroid memory is this machine's matter: a config with more centroids than a small machine holds still loads
+    there; building the model is refused in one line naming num_clusters and the largest value that fits."""
+    import os
+
+    tiny_config(num_clusters=1 << 20).save_pretrained(tmp_path)
+    small = {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 1 << 12}  # 16 MiB
+    monkeypatch.setattr(os, "sysconf", lambda name, sysconf=os.sysconf: small.get(name) or sysconf(name))
+    config = ClusterFormerConfig.from_pretrained(tmp_path)
+    assert config.num_clusters == 1 << 20
+    with pytest.raises(ValueError, match=r"^num_clusters 1048576 needs .* of centroids .*give at most \d+"):
+        ClusterFormerModel(config)
 
 
 def test_folders_saved_before_layer_kinds_load_with_the_same_outputs(tmp_path):
@@ -256,7 +290,7 @@ def test_a_bert_checkpoint_given_to_from_pretrained_names_the_loader_that_maps_i
 
     BertModel(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
                          intermediate_size=32, max_position_embeddings=64)).save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match=r"BERT-family checkpoint.*load_qa_model.*clusterformer convert"):
+    with pytest.raises(ValueError, match=r"BERT-family checkpoint.*load_qa_model or convert_checkpoint"):
         ClusterFormerForQuestionAnswering.from_pretrained(tmp_path)
     assert load_qa_model(tmp_path, window_size=16, window_stride=12, max_question_length=8).config.model_type == "clusterformer"
 

@@ -333,7 +333,7 @@ def test_model_flags_are_the_model_options():
     ``--cluster_layers`` alone is the sliding-window baseline, as for ``clusterformer convert``."""
     from dataclasses import fields
 
-    from hf_clusterformer.configuration_clusterformer import model_options
+    from hf_clusterformer.conversion import model_options
 
     defaults = {f.name: f.default for f in fields(qa_training.ModelArguments)}
     assert all(defaults[name] is None for name in model_options())

@@ -24,7 +24,7 @@ from test_remote_code import HIDE_PACKAGE
 from transformers import GPT2Config, GPT2Model, RobertaConfig, RobertaForQuestionAnswering
 
 import hf_clusterformer
-from hf_clusterformer import ClusterFormerConfig, ClusterFormerForQuestionAnswering
+from hf_clusterformer import ClusterFormerConfig, ClusterFormerForQuestionAnswering, ClusterFormerModel
 from hf_clusterformer.data.tokenizer import build_tokenizer
 from hf_clusterformer.conversion import convert_checkpoint
 from hf_clusterformer.hub import ModelFolderExistsError, default_mode, save_for_hub
@@ -746,16 +746,16 @@ def test_centroid_updater_on_a_model_in_eval_mode_says_why_nothing_happens(token
 def test_absurd_sizes_are_refused_in_one_line_naming_the_option(tmp_path, capsys):
     """Rows: ``ClusterFormerConfig(num_clusters=10**9)`` / ``hidden_size=-32`` reached raw allocator and torch
     errors; ``train --hidden_size -32`` spoke of "-512 bytes of centroids"; ``--num_hidden_layers 0`` of "valid:
-    0..-1"."""
+    0..-1". The centroids' memory is checked where the model is built (the config loads on any machine)."""
     with pytest.raises(ValueError, match=r"^num_clusters 1000000000 needs .* of centroids .*give at most \d+"):
-        ClusterFormerConfig(num_clusters=10**9)
+        ClusterFormerModel(ClusterFormerConfig(num_clusters=10**9))
     for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
         with pytest.raises(ValueError, match=f"^{name} must be a positive integer, got -32"):
             ClusterFormerConfig(**{name: -32})
     config = ClusterFormerConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2, cluster_layers=[1])
     config.num_clusters = 10**12
     with pytest.raises(ValueError, match="num_clusters 1000000000000 needs"):
-        config.validate_architecture()
+        ClusterFormerModel(config)
     data = _qa_file(tmp_path / "train.jsonl", 1)
     for option, value in (("--hidden_size", "-32"), ("--num_hidden_layers", "0")):
         line = _error(capsys, [*_tiny_train(data), option, value, "--output_dir", str(tmp_path / "out")],

@@ -1,11 +1,7 @@
 """Configuration of Cluster-Former models: a RoBERTa configuration plus the window and cluster options."""
 
-from __future__ import annotations
-
 import dataclasses
-import inspect
-import os
-from typing import Any, get_args
+from typing import Any, Literal, get_args
 
 from huggingface_hub.dataclasses import strict
 from transformers import RobertaConfig
@@ -13,13 +9,12 @@ from transformers.utils import logging
 
 logger = logging.get_logger(__name__)
 
-#: Type of the layers that attend within one window (paper eq. 1-3).
-SLIDING_LAYER_TYPE = "sliding"
-#: Types of the global layers, which attend across windows (paper §3.2, §4.3): K-Means "cluster" layers, LSH
-#: layers and sparse layers.
-GLOBAL_LAYER_TYPES = ("cluster", "lsh", "sparse")
+#: The kind of an encoder layer: ``sliding`` attends within one window (paper eq. 1-3); the global kinds attend across
+#: windows (paper §3.2, §4.3): K-Means ``cluster`` layers, ``lsh`` layers and ``sparse`` layers.
+LayerKind = Literal["sliding", "cluster", "lsh", "sparse"]
 #: Every value `ClusterFormerConfig.layer_kinds` may hold.
-LAYER_TYPES = (SLIDING_LAYER_TYPE, *GLOBAL_LAYER_TYPES)
+LAYER_TYPES = get_args(LayerKind)
+SLIDING_LAYER_TYPE, GLOBAL_LAYER_TYPES = LAYER_TYPES[0], LAYER_TYPES[1:]
 #: The global kinds whose layer owns a router and sorts states into chunks by its ids.
 ROUTED_LAYER_TYPES = ("cluster", "lsh")
 #: Constructor arguments that spell ``layer_kinds`` (read once, never stored).
@@ -29,31 +24,12 @@ LAYER_KIND_SHORTCUTS = ("cluster_layers", "global_layer_type", "layer_types")
 QUESTION_PREFIX_SPECIAL_TOKENS = 3
 #: Special tokens of the longest pair encoding ``<s> Q </s></s> C </s>``.
 PAIR_SPECIAL_TOKENS = QUESTION_PREFIX_SPECIAL_TOKENS + 1
-
-#: Encoder sizes that must be positive integers (checked before anything is built from them).
+#: Most context tokens a model may be set to take (``max_context_length``): 16M, far beyond one forward pass.
+MAX_CONTEXT_LENGTH = 1 << 24
+#: Encoder sizes that must be positive (checked before anything is built from them).
 POSITIVE_SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
-
-
-def _memory_bytes() -> int:
-    """This machine's physical memory (16 GiB where the system does not say)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return 16 << 30
-
-
-def _size(count: float) -> str:
-    """``count`` bytes in decimal units (``512 bytes``, ``1.2 GB``)."""
-    for unit in ("bytes", "KB", "MB", "GB", "TB"):
-        if count < 1000:
-            return f"{count:.0f} {unit}" if unit == "bytes" else f"{count:.1f} {unit}"
-        count /= 1000
-    return f"{count:.1f} PB"
-
-
 #: The paper puts Cluster-Former layers at layers 15 and 20 of the 24-layer RoBERTa-large.
-_PAPER_DEPTH = 24
-_PAPER_CLUSTER_LAYERS = (15, 20)
+_PAPER_DEPTH, _PAPER_CLUSTER_LAYERS = 24, (15, 20)
 
 
 def default_cluster_layers(num_hidden_layers: int) -> list[int]:
@@ -66,25 +42,34 @@ def default_cluster_layers(num_hidden_layers: int) -> list[int]:
     """
     if num_hidden_layers < 2:
         return []
-    scaled = {
-        min(num_hidden_layers - 1, max(1, int(index * num_hidden_layers / _PAPER_DEPTH + 0.5)))
-        for index in _PAPER_CLUSTER_LAYERS
-    }
+    scaled = {min(num_hidden_layers - 1, max(1, int(index * num_hidden_layers / _PAPER_DEPTH + 0.5)))
+              for index in _PAPER_CLUSTER_LAYERS}
     return sorted(scaled)
 
 
-def layer_kinds_from_shortcuts(num_hidden_layers: int, cluster_layers: list[int], global_layer_type: str | list[str]
+def layer_kinds_from_shortcuts(num_hidden_layers: int, cluster_layers: list[int] | None = None,
+                               global_layer_type: str | list[str] | None = None, stored: list[str] | None = None
                                ) -> list[str]:
     """``layer_kinds`` spelled by the shortcuts: ``global_layer_type`` (one kind, or one per sorted index) at the
-    ``cluster_layers`` indices, ``"sliding"`` elsewhere. Raises `ValueError` naming the shortcut that does not fit."""
-    if not isinstance(cluster_layers, (list, tuple)) or not all(
-            isinstance(i, int) and not isinstance(i, bool) for i in cluster_layers):
+    ``cluster_layers`` indices, ``"sliding"`` elsewhere: the one derivation of the layer kinds.
+
+    A shortcut left out (``None``) keeps what the ``stored`` kinds say (their global layers within the depth; their
+    kind, or each its own where the indices stay), else takes the default (`default_cluster_layers`, ``"cluster"``).
+    Raises `ValueError` naming the shortcut that does not fit.
+    """
+    kept = [i for i, kind in enumerate(stored or ()) if kind != SLIDING_LAYER_TYPE and i < num_hidden_layers]
+    if cluster_layers is None:
+        cluster_layers = kept if stored is not None else default_cluster_layers(num_hidden_layers)
+    if not isinstance(cluster_layers, (list, tuple)) or any(type(i) is not int for i in cluster_layers):
         raise ValueError(f"cluster_layers must be a list of layer indices, got {cluster_layers!r}.")
     layers = sorted(set(cluster_layers))
     for index in layers:
         if not 0 <= index < num_hidden_layers:
             valid = f"valid: 0..{num_hidden_layers - 1}" if num_hidden_layers > 0 else "the model has no layers"
             raise ValueError(f"cluster_layers holds {index}, outside the {num_hidden_layers} encoder layers ({valid}).")
+    if global_layer_type is None:
+        own = [stored[i] for i in kept]
+        global_layer_type = own[0] if len(set(own)) == 1 else own if own and layers == kept else "cluster"
     kinds = [global_layer_type] * len(layers) if isinstance(global_layer_type, str) else list(global_layer_type)
     for kind in kinds:
         if kind not in GLOBAL_LAYER_TYPES:
@@ -96,30 +81,6 @@ def layer_kinds_from_shortcuts(num_hidden_layers: int, cluster_layers: list[int]
     for index, kind in zip(layers, kinds):
         result[index] = kind
     return result
-
-
-def override_layer_kinds(stored: list[str], overrides: dict[str, Any], num_hidden_layers: int | None = None) -> list[str]:
-    """``stored`` layer kinds with ``overrides`` over them: ``layer_kinds`` / ``layer_types`` replace them; the
-    shortcuts ``cluster_layers`` / ``global_layer_type`` replace what they name and keep the rest (the stored global
-    indices, their kind); ``num_hidden_layers`` (default ``len(stored)``) keeps the stored global layers that fit."""
-    kinds = overrides.get("layer_kinds", overrides.get("layer_types"))
-    if kinds is not None:
-        return list(kinds)
-    depth = len(stored) if num_hidden_layers is None else num_hidden_layers
-    indices = [i for i, kind in enumerate(stored) if kind != SLIDING_LAYER_TYPE and i < depth]
-    layers = overrides.get("cluster_layers", indices)
-    if layers is None:
-        layers = default_cluster_layers(depth)
-    stored_kinds = sorted({stored[i] for i in indices})
-    if "global_layer_type" in overrides and overrides["global_layer_type"] is not None:
-        kind = overrides["global_layer_type"]
-    elif len(stored_kinds) == 1:
-        kind = stored_kinds[0]
-    elif stored_kinds and list(layers) == indices:
-        kind = [stored[i] for i in indices]
-    else:
-        kind = "cluster"
-    return layer_kinds_from_shortcuts(depth, list(layers), kind)
 
 
 def suggested_num_clusters(context_tokens: int, window_stride: int, minimum: int = 16) -> int:
@@ -145,8 +106,15 @@ def required_position_embeddings(max_question_length: int, window_size: int, pad
     return first_position + max_question_length + QUESTION_PREFIX_SPECIAL_TOKENS + window_size
 
 
+def check_context_length(value: int | None, name: str = "max_context_length") -> None:
+    """The context bound, checked by the config and by whatever takes a ``max_context_length`` before building one:
+    `ValueError` naming ``name`` unless ``value`` (``None``: not given) is an integer from 1 to `MAX_CONTEXT_LENGTH`."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CONTEXT_LENGTH):
+        raise ValueError(f"{name} must be an integer from 1 to {MAX_CONTEXT_LENGTH}, got {value!r}.")
+
+
 def _option(default: Any, help: str) -> Any:
-    """A config field with its help text (the row `model_options` reads)."""
+    """A config field with its help text (``metadata["help"]``)."""
     return dataclasses.field(default=default, metadata={"help": help})
 
 
@@ -154,16 +122,15 @@ def _option(default: Any, help: str) -> Any:
 class ClusterFormerConfig(RobertaConfig):
     r"""RoBERTa configuration with Cluster-Former's window and cluster options.
 
-    Every RoBERTa checkpoint's config loads into it. The fields it adds are below, each with its help text (read by
-    `model_options`, the one table of model options behind ``clusterformer convert``, run_qa's flags and
-    `hf_clusterformer.conversion.convert_checkpoint`). ``layer_kinds`` is the one stored list of layer kinds (not named
-    ``layer_types``, which transformers checks against its own attention kinds).
+    Every RoBERTa checkpoint's config loads into it. Each field it adds carries its help text (``metadata["help"]``).
+    ``layer_kinds`` is the one stored list of layer kinds (not named ``layer_types``, which transformers checks against
+    its own attention kinds).
 
-    Constructor shortcuts for ``layer_kinds`` (read once, never stored; configs saved with them still load, and
-    ``from_pretrained`` takes them as overrides): ``cluster_layers`` (0-based indices of the global layers, all others
-    sliding; ``[]`` gives a plain sliding-window model; default [`default_cluster_layers`] of the depth, ``[15, 20]``
-    for 24 layers) with ``global_layer_type`` (one kind for all of them or one per index, default ``"cluster"``), or
-    ``layer_types`` (the list under its former name).
+    Constructor shortcuts for ``layer_kinds``, read once and never stored (configs saved with them still load, and
+    ``from_pretrained`` takes them as overrides of the stored kinds): ``cluster_layers`` (0-based indices of the global
+    layers, all others sliding; ``[]`` gives a plain sliding-window model; default [`default_cluster_layers`] of the
+    depth, ``[15, 20]`` for 24 layers) with ``global_layer_type`` (one kind for all of them or one per index, default
+    ``"cluster"``), or ``layer_types`` (the list under its former name).
     """
 
     model_type = "clusterformer"
@@ -171,7 +138,7 @@ class ClusterFormerConfig(RobertaConfig):
     window_size: int = _option(256, "tokens of context per sliding window (the paper's l)")
     window_stride: int = _option(224, "step between windows (m), 0 < m <= l; also the chunk length of the global "
                                       "layers that sort into chunks")
-    layer_kinds: list[str] | None = _option(
+    layer_kinds: list[LayerKind] | None = _option(
         None, "the kind of every encoder layer: sliding (attention within each window), cluster (K-Means centroids), "
               "lsh (random hyperplane buckets) or sparse (attention across windows at equal in-window position); "
               "default: cluster at the paper's layers scaled to the depth, sliding elsewhere")
@@ -187,70 +154,63 @@ class ClusterFormerConfig(RobertaConfig):
                                                  "example's question prefix and route only context tokens")
 
     def __post_init__(self, **kwargs):
-        self._validate_sizes()
-        shortcuts = {name: kwargs.pop(name) for name in LAYER_KIND_SHORTCUTS if name in kwargs}
-        if shortcuts.get("layer_types") is not None:
-            if self.layer_kinds is not None and list(self.layer_kinds) != list(shortcuts["layer_types"]):
-                raise ValueError(f"layer_types {shortcuts['layer_types']} disagrees with layer_kinds {self.layer_kinds}; "
-                                 "give only layer_kinds.")
-            self.layer_kinds = list(shortcuts["layer_types"])
-        cluster_layers = shortcuts.get("cluster_layers")
-        kind = shortcuts.get("global_layer_type")
-        if self.layer_kinds is None:
-            if cluster_layers is None:
-                cluster_layers = default_cluster_layers(self.num_hidden_layers)
-            self.layer_kinds = layer_kinds_from_shortcuts(self.num_hidden_layers, cluster_layers, kind or "cluster")
-        elif cluster_layers is not None or kind is not None:
-            indices = self.global_layers if cluster_layers is None else cluster_layers
-            given = layer_kinds_from_shortcuts(len(self.layer_kinds), indices,
-                                               kind or [self.layer_kinds[i] for i in self.global_layers])
-            if given != list(self.layer_kinds):
-                raise ValueError(f"cluster_layers {cluster_layers} / global_layer_type {kind!r} disagree with "
-                                 f"layer_kinds {self.layer_kinds}; give only one of them.")
-        self._validate_cluster_options()
+        self._check_sizes()  # before the layer kinds are derived from the depth
+        given = {name: kwargs.pop(name) for name in LAYER_KIND_SHORTCUTS if name in kwargs}
+        given = {name: value for name, value in given.items() if value is not None}
+        if "layer_types" in given:
+            former = list(given.pop("layer_types"))
+            if self.layer_kinds is not None and list(self.layer_kinds) != former:
+                raise ValueError(f"layer_types {former} disagrees with layer_kinds {self.layer_kinds}; give only layer_kinds.")
+            self.layer_kinds = former
+        if self.layer_kinds is None or given:
+            kinds = layer_kinds_from_shortcuts(self.num_hidden_layers, stored=self.layer_kinds, **given)
+            if self.layer_kinds is not None and kinds != list(self.layer_kinds):
+                raise ValueError(f"{' / '.join(f'{k} {v!r}' for k, v in given.items())} disagree with layer_kinds "
+                                 f"{self.layer_kinds}; give only one of them.")
+            self.layer_kinds = kinds
+        self._check_options()
         super().__post_init__(**kwargs)
 
     def __setattr__(self, key, value):
-        if key in LAYER_KIND_SHORTCUTS and key != "layer_types":
-            raise AttributeError(f"{key} is a constructor shortcut, not a stored field; set config.layer_kinds "
+        if key in LAYER_KIND_SHORTCUTS[:2]:
+            raise AttributeError(f"{key} is a constructor argument, not a stored field; set config.layer_kinds "
                                  "(one kind per layer) instead.")
         super().__setattr__(key, value)
 
     @classmethod
     def from_dict(cls, config_dict: dict, **kwargs):
-        """`PreTrainedConfig.from_dict`; ``from_pretrained(..., cluster_layers=..., global_layer_type=...)`` overrides
-        the stored kinds through the constructor shortcuts (what an override leaves out keeps its stored value)."""
-        overrides = {name: kwargs.pop(name) for name in (*LAYER_KIND_SHORTCUTS, "layer_kinds") if name in kwargs}
-        if overrides:
-            stored = cls(**config_dict).layer_kinds
+        """`PreTrainedConfig.from_dict`, where the layer-kind shortcuts and ``num_hidden_layers`` given as overrides
+        (``from_pretrained(path, cluster_layers=[])``) apply over the stored kinds: what they leave out keeps its stored
+        value (the global layers within the depth, their kinds)."""
+        if "layer_types" in kwargs:
+            kwargs["layer_kinds"] = kwargs.pop("layer_types")
+        given = {name: kwargs.pop(name) for name in LAYER_KIND_SHORTCUTS[:2] if name in kwargs}
+        given = {name: value for name, value in given.items() if value is not None}
+        if "layer_kinds" not in kwargs and (given or "num_hidden_layers" in kwargs):
+            saved = cls(**config_dict)
+            stored = saved.layer_kinds if {"layer_kinds", *LAYER_KIND_SHORTCUTS} & set(config_dict) else None
+            depth = kwargs.pop("num_hidden_layers", saved.num_hidden_layers)
             config_dict = {k: v for k, v in config_dict.items() if k not in LAYER_KIND_SHORTCUTS}
-            config_dict["layer_kinds"] = override_layer_kinds(stored, overrides)
+            config_dict.update(num_hidden_layers=depth, layer_kinds=layer_kinds_from_shortcuts(depth, stored=stored, **given))
         return super().from_dict(config_dict, **kwargs)
 
     @classmethod
     def get_config_dict(cls, *args, **kwargs):
         """A RoBERTa checkpoint's config becomes a Cluster-Former one (said once, instead of transformers' warning
-        about a model of another type); a BERT-family one is refused in one line naming the loader that maps it, and
-        any other type (GPT-2, T5, ...) in one line instead of loading a random model."""
+        about a model of another type); any other type is refused in one line instead of loading a random model, a
+        BERT-family one naming the functions that map its weights."""
         config_dict, kwargs = super().get_config_dict(*args, **kwargs)
-        if config_dict.get("model_type") == "bert":
-            source = args[0] if args else "this checkpoint"
-            raise ValueError(
-                f"{source} is a BERT-family checkpoint, whose weights need mapping to RoBERTa's layout: load it with "
-                f"hf_clusterformer.conversion.load_qa_model({str(source)!r}) or convert it once with "
-                f"`clusterformer convert {source} OUT_DIR`."
-            )
-        if config_dict.get("model_type") not in (None, "roberta", cls.model_type):
-            source = args[0] if args else "this checkpoint"
-            raise ValueError(
-                f"{source} is a {config_dict['model_type']!r} checkpoint, whose weights Cluster-Former cannot use; give "
-                "a RoBERTa or Cluster-Former checkpoint (BERT-family ones through hf_clusterformer.conversion.load_qa_model "
-                "or `clusterformer convert`)."
-            )
-        if config_dict.get("model_type") == "roberta":
-            if not getattr(cls, "_extending_said", False):
-                logger.info("Extending a RoBERTa checkpoint with Cluster-Former's window and cluster options.")
-                cls._extending_said = True
+        model_type = config_dict.get("model_type")
+        source = args[0] if args else "this checkpoint"
+        mapped = "hf_clusterformer.conversion.load_qa_model or convert_checkpoint"
+        if model_type == "bert":
+            raise ValueError(f"{source} is a BERT-family checkpoint, whose weights need mapping to RoBERTa's layout: "
+                             f"load it with {mapped}.")
+        if model_type not in (None, "roberta", cls.model_type):
+            raise ValueError(f"{source} is a {model_type!r} checkpoint, whose weights Cluster-Former cannot use; give a "
+                             f"RoBERTa or Cluster-Former checkpoint (a BERT-family one through {mapped}).")
+        if model_type == "roberta":
+            logger.info_once("Extending a RoBERTa checkpoint with Cluster-Former's window and cluster options.")
             config_dict = {**config_dict, "model_type": cls.model_type}
         return config_dict, kwargs
 
@@ -283,73 +243,8 @@ class ClusterFormerConfig(RobertaConfig):
         if context_tokens <= 0:
             raise ValueError(f"{where} has an empty context; give a non-empty context after the question.")
         if context_tokens > self.max_context_length:
-            raise ValueError(
-                f"the context of {where} has {context_tokens} tokens, more than max_context_length="
-                f"{self.max_context_length}; truncate it or raise max_context_length."
-            )
-
-    def validate_layer_type(self):
-        """``layer_kinds`` holds one of `LAYER_TYPES` per encoder layer (transformers' own ``layer_types`` check has
-        nothing to check here)."""
-        if not isinstance(self.layer_kinds, list) or any(t not in LAYER_TYPES for t in self.layer_kinds):
-            raise ValueError(f"layer_kinds must be a list of {LAYER_TYPES}, got {self.layer_kinds!r}.")
-        if len(self.layer_kinds) != self.num_hidden_layers:
-            raise ValueError(
-                f"layer_kinds lists {len(self.layer_kinds)} kinds for {self.num_hidden_layers} encoder layers; "
-                "give one per layer."
-            )
-
-    def validate_architecture(self):
-        super().validate_architecture()
-        self._validate_cluster_options()
-
-    def _validate_sizes(self) -> None:
-        """Raise `ValueError` naming the field when an encoder size (`POSITIVE_SIZES`) is not a positive integer."""
-        for name in POSITIVE_SIZES:
-            value = getattr(self, name, None)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}.")
-
-    def check_centroid_memory(self, option: str = "num_clusters") -> None:
-        """Raise `ValueError` when the centroids (or LSH projections) would take more than a quarter of this
-        machine's memory, naming ``option`` and the largest value that fits (instead of an allocator error)."""
-        routed = sum(kind in ROUTED_LAYER_TYPES for kind in self.layer_kinds)
-        if not routed:
-            return
-        per_cluster = self.hidden_size * 4 * routed  # float32 rows, one table per cluster/LSH layer
-        memory = _memory_bytes()
-        bound = max(1, memory // 4 // per_cluster)
-        if self.num_clusters > bound:
-            raise ValueError(
-                f"{option} {self.num_clusters} needs {_size(self.num_clusters * per_cluster)} of centroids "
-                f"({self.num_clusters} x hidden size {self.hidden_size} x 4 bytes x {routed} layers), more than a "
-                f"quarter of this machine's memory ({_size(memory)}); give at most {bound} (the paper uses 64 to 512)."
-            )
-
-    def _validate_cluster_options(self) -> None:
-        """Raise `ValueError` naming the field for any invalid cluster option (and encoder size)."""
-        self._validate_sizes()
-        for name in ("window_size", "window_stride", "num_clusters", "max_question_length", "max_context_length", "centroid_seed"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise ValueError(f"{name} must be an integer, got {value!r}.")
-        if self.window_size <= 0:
-            raise ValueError(f"window_size must be positive, got {self.window_size}.")
-        if not 0 < self.window_stride <= self.window_size:
-            raise ValueError(
-                f"window_stride must satisfy 0 < window_stride <= window_size ({self.window_size}), "
-                f"got {self.window_stride}."
-            )
-        self.validate_layer_type()
-        if self.num_clusters < 1:
-            raise ValueError(f"num_clusters must be at least 1, got {self.num_clusters}.")
-        if "lsh" in self.layer_kinds and self.num_clusters % 2:
-            raise ValueError(f"num_clusters must be even for LSH layers (buckets = ±projections), got {self.num_clusters}.")
-        if self.max_question_length < 1:
-            raise ValueError(f"max_question_length must be at least 1, got {self.max_question_length}.")
-        if self.max_context_length < 1:
-            raise ValueError(f"max_context_length must be at least 1, got {self.max_context_length}.")
-        self.check_centroid_memory()
+            raise ValueError(f"the context of {where} has {context_tokens} tokens, more than max_context_length="
+                             f"{self.max_context_length}; truncate it or raise max_context_length.")
 
     def check_position_budget(self) -> None:
         """Raise `ValueError` unless a question prefix plus a window fits RoBERTa's position table.
@@ -365,77 +260,48 @@ class ClusterFormerConfig(RobertaConfig):
                 f"({self.max_position_embeddings}); lower max_question_length or window_size."
             )
 
+    def validate_architecture(self):
+        """Also checks the options set after the config was built (``from_pretrained`` overrides)."""
+        super().validate_architecture()
+        self._check_options()
 
-@dataclasses.dataclass(frozen=True)
-class ModelOption:
-    """One of Cluster-Former's own options of `ClusterFormerConfig` (a row of `model_options`)."""
+    def _check_sizes(self) -> None:
+        for name in POSITIVE_SIZES:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}.")
 
-    name: str
-    #: The field's annotation, e.g. ``list[int] | None``.
-    type: Any
-    #: The field's default.
-    default: Any
-    #: The field's description in the `ClusterFormerConfig` docstring, as plain text.
-    help: str
-    #: Type of one command-line value (``int``, ``str`` or ``bool``).
-    item_type: type
-    #: A command-line flag takes a list of values (the option takes only lists).
-    many: bool
-    #: The values allowed, when they are few.
-    choices: tuple[str, ...] | None = None
-
-
-#: The constructor shortcuts of ``layer_kinds`` as options (flags that spell it by indices and one kind).
-_SHORTCUT_OPTIONS = (
-    ("cluster_layers", list[int] | None, None, int, True, None,
-     "0-based indices of the global layers, all others sliding (none: a sliding-window model); shortcut for "
-     "layer_kinds, default the paper's layers scaled to the depth"),
-    ("global_layer_type", str | list[str], "cluster", str, False, GLOBAL_LAYER_TYPES,
-     "the kind of each of cluster_layers, one for all or one per entry; shortcut for layer_kinds"),
-)
-
-
-def model_options() -> dict[str, ModelOption]:
-    """Cluster-Former's own options by name: the fields `ClusterFormerConfig` adds to RoBERTa's (type, default and help
-    from the field), with the ``layer_kinds`` shortcuts after ``window_stride``.
-
-    The one table of model options: `hf_clusterformer.conversion.convert_checkpoint`, ``clusterformer convert``, run_qa's
-    model flags and the benchmarks read their names, types, defaults and help from it.
-    """
-    annotations = inspect.get_annotations(ClusterFormerConfig, eval_str=True)
-    table: dict[str, ModelOption] = {}
-    for field in dataclasses.fields(ClusterFormerConfig):
-        if field.name not in annotations or "help" not in field.metadata:
-            continue
-        alternatives = [t for t in (get_args(annotations[field.name]) or (annotations[field.name],)) if t is not type(None)]
-        scalars = [t for t in alternatives if not get_args(t)]
-        lists = [get_args(t)[0] for t in alternatives if get_args(t)]
-        table[field.name] = ModelOption(
-            name=field.name, type=annotations[field.name], default=field.default, help=field.metadata["help"],
-            item_type=(scalars or lists)[0], many=not scalars,
-            choices=LAYER_TYPES if field.name == "layer_kinds" else None,
-        )
-        if field.name == "window_stride":
-            for name, annotation, default, item_type, many, choices, help in _SHORTCUT_OPTIONS:
-                table[name] = ModelOption(name, annotation, default, help, item_type, many, choices)
-    return table
+    def _check_options(self) -> None:
+        """Raise `ValueError` naming the field whose value is out of range (`@strict` checks the types)."""
+        self._check_sizes()
+        for name in ("window_size", "num_clusters", "max_question_length"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}.")
+        if not 0 < self.window_stride <= self.window_size:
+            raise ValueError(f"window_stride must satisfy 0 < window_stride <= window_size ({self.window_size}), "
+                             f"got {self.window_stride}.")
+        check_context_length(self.max_context_length)
+        if len(self.layer_kinds or ()) != self.num_hidden_layers:
+            raise ValueError(f"layer_kinds lists {len(self.layer_kinds or ())} kinds for {self.num_hidden_layers} "
+                             "encoder layers; give one per layer.")
+        if "lsh" in self.layer_kinds and self.num_clusters % 2:
+            raise ValueError(f"num_clusters must be even for LSH layers (buckets = ±projections), got {self.num_clusters}.")
 
 
 __all__ = [
-    "suggested_num_clusters",
     "ClusterFormerConfig",
-    "ModelOption",
-    "POSITIVE_SIZES",
-    "model_options",
     "GLOBAL_LAYER_TYPES",
-    "LAYER_TYPES",
     "LAYER_KIND_SHORTCUTS",
-    "ROUTED_LAYER_TYPES",
-    "layer_kinds_from_shortcuts",
-    "override_layer_kinds",
+    "LAYER_TYPES",
+    "LayerKind",
+    "MAX_CONTEXT_LENGTH",
     "PAIR_SPECIAL_TOKENS",
+    "POSITIVE_SIZES",
     "QUESTION_PREFIX_SPECIAL_TOKENS",
+    "ROUTED_LAYER_TYPES",
     "SLIDING_LAYER_TYPE",
+    "check_context_length",
     "default_cluster_layers",
+    "layer_kinds_from_shortcuts",
     "required_position_embeddings",
+    "suggested_num_clusters",
 ]

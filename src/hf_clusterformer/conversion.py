@@ -9,35 +9,38 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
 import torch
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from hf_clusterformer_cli_support import HEAD_TASKS, MAX_CONTEXT_LENGTH, architectures_task
+from hf_clusterformer_cli_support import HEAD_TASKS, architectures_task
 from hf_clusterformer_files import check_output_dir
 
 from .configuration_clusterformer import (
-    LAYER_KIND_SHORTCUTS,
+    GLOBAL_LAYER_TYPES,
+    MAX_CONTEXT_LENGTH,
     ClusterFormerConfig,
-    model_options,
-    override_layer_kinds,
+    check_context_length,
 )
 from .hub import HEAD_AUTO_CLASSES, TASK_CLASSES, save_for_hub
-from .modeling_clusterformer import ClusterFormerForQuestionAnswering
+from .modeling_clusterformer import ClusterFormerForQuestionAnswering, check_centroid_memory
 from .pipeline import check_checkpoint_source, mark_untrained, untrained_weights
 
 __all__ = [
     "CONVERTIBLE_TYPES",
     "ConversionTaskError",
     "ConvertedCheckpoint",
+    "MAX_CONTEXT_LENGTH",
+    "ModelOption",
     "check_centroid_memory",
     "check_context_length",
     "checkpoint_model_type",
     "convert_checkpoint",
     "load_qa_model",
+    "model_options",
 ]
 
 logger = logging.getLogger(__name__)
@@ -70,17 +73,56 @@ class ConversionTaskError(ValueError):
         self.command = command
 
 
-def check_context_length(value: int | None, option: str = "max_context_length") -> None:
-    """Raise `ValueError` naming ``option`` when ``value`` is not an integer in [1, `MAX_CONTEXT_LENGTH`]."""
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CONTEXT_LENGTH:
-        raise ValueError(f"{option} must be an integer from 1 to {MAX_CONTEXT_LENGTH}, got {value!r}.")
+@dataclass(frozen=True)
+class ModelOption:
+    """One of Cluster-Former's own options of `ClusterFormerConfig` (a row of `model_options`)."""
+
+    name: str
+    #: The field's annotation, e.g. ``list[int] | None``.
+    type: Any
+    #: The field's default.
+    default: Any
+    #: The field's help text (its ``metadata["help"]``).
+    help: str
+    #: Type of one command-line value (``int``, ``str`` or ``bool``).
+    item_type: type
+    #: A command-line flag takes a list of values (the option takes only lists).
+    many: bool
+    #: The values allowed, when they are few.
+    choices: tuple[str, ...] | None = None
 
 
-def check_centroid_memory(config: ClusterFormerConfig, option: str = "num_clusters") -> None:
-    """`ClusterFormerConfig.check_centroid_memory` of ``config``, naming ``option`` (a command's flag) in its error."""
-    config.check_centroid_memory(option)
+#: The constructor shortcuts of ``layer_kinds`` as options (flags that spell it by indices and one kind).
+_SHORTCUT_OPTIONS = (
+    ModelOption("cluster_layers", list[int] | None, None,
+                "0-based indices of the global layers, all others sliding (none: a sliding-window model); shortcut for "
+                "layer_kinds, default the paper's layers scaled to the depth", int, True),
+    ModelOption("global_layer_type", str | list[str], "cluster",
+                "the kind of each of cluster_layers, one for all or one per entry; shortcut for layer_kinds", str, False,
+                GLOBAL_LAYER_TYPES),
+)
+
+
+def model_options() -> dict[str, ModelOption]:
+    """Cluster-Former's own options by name: the fields `ClusterFormerConfig` adds to RoBERTa's (type, default and help
+    from the field; the values of a `Literal` as choices), with the ``layer_kinds`` shortcuts after ``window_stride``.
+
+    The one table of model options: `convert_checkpoint`, ``clusterformer convert``, run_qa's model flags and the
+    benchmarks read their names, types, defaults and help from it.
+    """
+    table: dict[str, ModelOption] = {}
+    for option in fields(ClusterFormerConfig):
+        if "help" not in option.metadata:
+            continue
+        alternatives = [t for t in (get_args(option.type) or (option.type,)) if t is not type(None)]
+        scalars = [t for t in alternatives if not get_args(t)]
+        item = (scalars or [get_args(t)[0] for t in alternatives])[0]
+        choices = get_args(item) if get_origin(item) is Literal else None
+        table[option.name] = ModelOption(option.name, option.type, option.default, option.metadata["help"],
+                                         type(choices[0]) if choices else item, not scalars, choices)
+        if option.name == "window_stride":
+            table.update((shortcut.name, shortcut) for shortcut in _SHORTCUT_OPTIONS)
+    return table
 
 
 def checkpoint_model_type(path: str | os.PathLike, **hub_kwargs: Any) -> str | None:
@@ -194,7 +236,7 @@ def convert_checkpoint(
             (`HEAD_TASKS`); a source's own head of that kind loads 1:1 (BERT's mapped by `_BERT_HEADS`). Default: a
             Cluster-Former source's own head (a bare `ClusterFormerModel` needs a ``task``), else ``qa``.
         allow_untrained: build a head the source lacks (or holds untrained); without it, `ConversionTaskError`.
-        options: the Cluster-Former options (`hf_clusterformer.configuration_clusterformer.model_options`:
+        options: the Cluster-Former options (`model_options`:
             ``layer_kinds``, ``cluster_layers``, ``num_clusters``, ``window_size``, ...); one left out or ``None``
             keeps a Cluster-Former source's own value, else the config default (``cluster_layers``: the paper's
             placement scaled to the depth).
@@ -361,15 +403,10 @@ def _plain_values(source: PretrainedConfig) -> dict[str, Any]:
 
 
 def _merged_config(values: Mapping[str, Any], options: Mapping[str, Any]) -> ClusterFormerConfig:
-    """A source's config values with the given model options over them; a Cluster-Former source's ``layer_kinds``
-    take the options' layer-kind shortcuts over them (`override_layer_kinds`)."""
-    kind_options = {k: v for k, v in options.items() if k in (*LAYER_KIND_SHORTCUTS, "layer_kinds")}
-    options = {k: v for k, v in options.items() if k not in kind_options}
-    if values.get("layer_kinds") is not None:
-        depth = options.get("num_hidden_layers", values.get("num_hidden_layers"))
-        values = {**values, "layer_kinds": override_layer_kinds(values["layer_kinds"], kind_options, depth)}
-        kind_options = {}
-    return ClusterFormerConfig(**{**values, **options, **kind_options})
+    """A source's config values with the given model options over them, as `from_pretrained` takes overrides (the
+    layer-kind shortcuts over a Cluster-Former source's kinds: `ClusterFormerConfig.from_dict`); checked when the model
+    is built."""
+    return ClusterFormerConfig.from_dict(dict(values), **options)
 
 
 def _converted_model(src, source, tokenizer, options, hub_kwargs, task: str = "qa") -> tuple[PreTrainedModel, list[str]]:
@@ -382,8 +419,6 @@ def _converted_model(src, source, tokenizer, options, hub_kwargs, task: str = "q
     else:
         values = _plain_values(source)
     config = _merged_config(values, options)
-    config.check_position_budget()
-    check_centroid_memory(config)
     if state is None:
         # centroids saved for another cluster layout start afresh (seeded, not fitted)
         model, info = model_class.from_pretrained(
@@ -436,7 +471,6 @@ def load_qa_model(
                 tokenizer = None
             model, new = _converted_model(path, source, tokenizer, options, hub_kwargs)
         else:
-            check_centroid_memory(_merged_config(_plain_values(source), options))
             try:
                 model, info = ClusterFormerForQuestionAnswering.from_pretrained(
                     path, output_loading_info=True, **hub_kwargs, **options)

@@ -60,14 +60,12 @@ from transformers.utils import TransformersKwargs, can_return_tuple, logging
 
 try:  # package import
     from .configuration_clusterformer import (
-        LAYER_KIND_SHORTCUTS,
         QUESTION_PREFIX_SPECIAL_TOKENS,
         ROUTED_LAYER_TYPES,
         ClusterFormerConfig,
     )
 except ImportError:  # Hub copy loaded with trust_remote_code
     from configuration_clusterformer import (
-        LAYER_KIND_SHORTCUTS,
         QUESTION_PREFIX_SPECIAL_TOKENS,
         ROUTED_LAYER_TYPES,
         ClusterFormerConfig,
@@ -1062,9 +1060,8 @@ class ClusterFormerPreTrainedModel(RobertaPreTrainedModel):
         saved, _ = PretrainedConfig.get_config_dict(source, **hub)
         if saved.get("model_type") != cls.config_class.model_type:
             return  # a RoBERTa checkpoint has no centroids: its options may be set freely
-        kinds = {name: kwargs[name] for name in (*LAYER_KIND_SHORTCUTS, "layer_kinds") if name in kwargs}
         saved_kinds = cls.config_class.from_dict(dict(saved)).layer_kinds
-        new_kinds = cls.config_class.from_dict(dict(saved), **kinds).layer_kinds
+        new_kinds = cls.config_class.from_dict(dict(saved), return_unused_kwargs=True, **kwargs)[0].layer_kinds
         # only a layer routed in the checkpoint and in the model loads saved router tensors (a new one is drawn)
         routed = any(old in ROUTED_LAYER_TYPES and new in ROUTED_LAYER_TYPES for old, new in zip(saved_kinds, new_kinds))
         for name, value in overrides.items():
@@ -1260,6 +1257,34 @@ def check_rows(config: ClusterFormerConfig, lengths: list[int], questions: list[
         config.check_input_lengths(questions[row], contexts[row], where=f"row {row}")
 
 
+def check_centroid_memory(config: ClusterFormerConfig, option: str = "num_clusters") -> None:
+    """Raise `ValueError` when the centroids (or LSH projections) would take more than a quarter of this machine's
+    memory, naming ``option`` and the largest value that fits (instead of an allocator error). Checked where a model is
+    built on this machine, not by its config (which loads on any machine)."""
+    routed = sum(kind in ROUTED_LAYER_TYPES for kind in config.layer_kinds)
+    per_cluster = config.hidden_size * 4 * routed  # float32 rows, one table per cluster/LSH layer
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        memory = 16 << 30  # where the system does not say
+    bound = max(1, memory // 4 // max(per_cluster, 1))
+    if routed and config.num_clusters > bound:
+        raise ValueError(
+            f"{option} {config.num_clusters} needs {_size(config.num_clusters * per_cluster)} of centroids "
+            f"({config.num_clusters} x hidden size {config.hidden_size} x 4 bytes x {routed} layers), more than a "
+            f"quarter of this machine's memory ({_size(memory)}); give at most {bound} (the paper uses 64 to 512)."
+        )
+
+
+def _size(count: float) -> str:
+    """``count`` bytes in decimal units (``512 bytes``, ``1.2 GB``)."""
+    for unit in ("bytes", "KB", "MB", "GB", "TB"):
+        if count < 1000:
+            return f"{count:.0f} {unit}" if unit == "bytes" else f"{count:.1f} {unit}"
+        count /= 1000
+    return f"{count:.1f} PB"
+
+
 class ClusterFormerModel(ClusterFormerPreTrainedModel):
     """Cluster-Former encoder over ``<s> question </s></s> context </s>`` pairs or single texts ``<s> text </s>`` of any
     length (`INPUT_FORMATS`).
@@ -1274,6 +1299,7 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
     def __init__(self, config: ClusterFormerConfig, add_pooling_layer: bool = True):
         config.validate_architecture()  # options set after the config was built (from_pretrained overrides)
         config.check_position_budget()
+        check_centroid_memory(config)
         super().__init__(config)
         self.config = config
         self.gradient_checkpointing = False

@@ -31,16 +31,10 @@ from hf_clusterformer_files import run_output_dir
 
 from .callback import CentroidUpdateCallback, FiniteTrainingCallback
 from .centroid_updates import SMALL_MODEL_CENTROIDS, CentroidUpdateSettings
-from .configuration_clusterformer import (
-    LAYER_KIND_SHORTCUTS,
-    ClusterFormerConfig,
-    ModelOption,
-    model_options,
-    required_position_embeddings,
-)
+from .configuration_clusterformer import LAYER_KIND_SHORTCUTS, ClusterFormerConfig, required_position_embeddings
 from .data import build_tokenizer, load_multipassage_dataset, squad_features
 from .features import misplaced_answers, postprocess_predictions, prepare_train_features, prepare_validation_features
-from .conversion import check_centroid_memory, check_context_length, load_qa_model
+from .conversion import ModelOption, check_centroid_memory, check_context_length, load_qa_model, model_options
 from .hub import RESULT_FILES, check_result_files, write_checkpoint
 from .metrics import load_squad_metric
 from .modelcard import run_card_data

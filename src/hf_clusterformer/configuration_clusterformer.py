@@ -12,7 +12,7 @@ logger = logging.get_logger(__name__)
 #: The kind of an encoder layer: ``sliding`` attends within one window (paper eq. 1-3); the global kinds attend across
 #: windows (paper §3.2, §4.3): K-Means ``cluster`` layers, ``lsh`` layers and ``sparse`` layers.
 LayerKind = Literal["sliding", "cluster", "lsh", "sparse"]
-#: Every value `ClusterFormerConfig.layer_kinds` may hold.
+#: Every value `ClusterFormerConfig.layer_kinds` may hold: the sliding-window kind, then the global kinds.
 LAYER_TYPES = get_args(LayerKind)
 SLIDING_LAYER_TYPE, GLOBAL_LAYER_TYPES = LAYER_TYPES[0], LAYER_TYPES[1:]
 #: The global kinds whose layer owns a router and sorts states into chunks by its ids.
@@ -27,7 +27,7 @@ PAIR_SPECIAL_TOKENS = QUESTION_PREFIX_SPECIAL_TOKENS + 1
 #: Most context tokens a model may be set to take (``max_context_length``): 16M, far beyond one forward pass.
 MAX_CONTEXT_LENGTH = 1 << 24
 #: Encoder sizes that must be positive (checked before anything is built from them).
-POSITIVE_SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+_POSITIVE_SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 #: The paper puts Cluster-Former layers at layers 15 and 20 of the 24-layer RoBERTa-large.
 _PAPER_DEPTH, _PAPER_CLUSTER_LAYERS = 24, (15, 20)
 
@@ -35,10 +35,9 @@ _PAPER_DEPTH, _PAPER_CLUSTER_LAYERS = 24, (15, 20)
 def default_cluster_layers(num_hidden_layers: int) -> list[int]:
     """0-based encoder layer indices that reproduce the paper's placement, scaled to the model depth.
 
-    The paper's "layers 15 and 20" are read as 0-based indices (the 16th and 21st of 24 layers, the
-    numbering of the paper's fairseq code and of Table 4's rule ``l % 5 == 0 and l >= 15``). For other
-    depths each index is scaled by ``num_hidden_layers / 24`` and rounded; layer 0 is never a cluster
-    layer, because a cluster layer needs a sliding-window layer below it.
+    The paper's "layers 15 and 20" are read as 0-based indices (the 16th and 21st of 24 layers, the numbering of the
+    paper's fairseq code and of Table 4's rule ``l % 5 == 0 and l >= 15``), scaled by ``num_hidden_layers / 24`` and
+    rounded; layer 0 is never a cluster layer, because a cluster layer needs a sliding-window layer below it.
     """
     if num_hidden_layers < 2:
         return []
@@ -109,7 +108,7 @@ def required_position_embeddings(max_question_length: int, window_size: int, pad
 def check_context_length(value: int | None, name: str = "max_context_length") -> None:
     """The context bound, checked by the config and by whatever takes a ``max_context_length`` before building one:
     `ValueError` naming ``name`` unless ``value`` (``None``: not given) is an integer from 1 to `MAX_CONTEXT_LENGTH`."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CONTEXT_LENGTH):
+    if value is not None and (type(value) is not int or not 1 <= value <= MAX_CONTEXT_LENGTH):
         raise ValueError(f"{name} must be an integer from 1 to {MAX_CONTEXT_LENGTH}, got {value!r}.")
 
 
@@ -160,7 +159,8 @@ class ClusterFormerConfig(RobertaConfig):
         if "layer_types" in given:
             former = list(given.pop("layer_types"))
             if self.layer_kinds is not None and list(self.layer_kinds) != former:
-                raise ValueError(f"layer_types {former} disagrees with layer_kinds {self.layer_kinds}; give only layer_kinds.")
+                raise ValueError(f"layer_types {former} disagrees with layer_kinds {self.layer_kinds}; "
+                                 "give layer_kinds.")
             self.layer_kinds = former
         if self.layer_kinds is None or given:
             kinds = layer_kinds_from_shortcuts(self.num_hidden_layers, stored=self.layer_kinds, **given)
@@ -171,7 +171,7 @@ class ClusterFormerConfig(RobertaConfig):
         self._check_options()
         super().__post_init__(**kwargs)
 
-    def __setattr__(self, key, value):
+    def __setattr__(self, key, value):  # a shortcut set after construction would be saved, then clash on loading
         if key in LAYER_KIND_SHORTCUTS[:2]:
             raise AttributeError(f"{key} is a constructor argument, not a stored field; set config.layer_kinds "
                                  "(one kind per layer) instead.")
@@ -191,7 +191,8 @@ class ClusterFormerConfig(RobertaConfig):
             stored = saved.layer_kinds if {"layer_kinds", *LAYER_KIND_SHORTCUTS} & set(config_dict) else None
             depth = kwargs.pop("num_hidden_layers", saved.num_hidden_layers)
             config_dict = {k: v for k, v in config_dict.items() if k not in LAYER_KIND_SHORTCUTS}
-            config_dict.update(num_hidden_layers=depth, layer_kinds=layer_kinds_from_shortcuts(depth, stored=stored, **given))
+            kinds = layer_kinds_from_shortcuts(depth, stored=stored, **given)
+            config_dict.update(num_hidden_layers=depth, layer_kinds=kinds)
         return super().from_dict(config_dict, **kwargs)
 
     @classmethod
@@ -207,8 +208,8 @@ class ClusterFormerConfig(RobertaConfig):
             raise ValueError(f"{source} is a BERT-family checkpoint, whose weights need mapping to RoBERTa's layout: "
                              f"load it with {mapped}.")
         if model_type not in (None, "roberta", cls.model_type):
-            raise ValueError(f"{source} is a {model_type!r} checkpoint, whose weights Cluster-Former cannot use; give a "
-                             f"RoBERTa or Cluster-Former checkpoint (a BERT-family one through {mapped}).")
+            raise ValueError(f"{source} is a {model_type!r} checkpoint, whose weights Cluster-Former cannot use; "
+                             f"give a RoBERTa or Cluster-Former checkpoint (a BERT-family one through {mapped}).")
         if model_type == "roberta":
             logger.info_once("Extending a RoBERTa checkpoint with Cluster-Former's window and cluster options.")
             config_dict = {**config_dict, "model_type": cls.model_type}
@@ -235,11 +236,10 @@ class ClusterFormerConfig(RobertaConfig):
         """Raise `ValueError` unless ``where`` has a question of at most ``max_question_length`` tokens and a
         non-empty context of at most ``max_context_length`` tokens (both without special tokens)."""
         if question_tokens > self.max_question_length:
-            raise ValueError(
-                f"the question of {where} has {question_tokens} tokens, more than max_question_length="
-                f"{self.max_question_length}; shorten the question or use a model with a larger max_question_length "
-                "(max_question_length + 3 + window_size must fit max_position_embeddings - 2)."
-            )
+            raise ValueError(f"the question of {where} has {question_tokens} tokens, more than max_question_length="
+                             f"{self.max_question_length}; shorten the question or use a model with a larger "
+                             "max_question_length (max_question_length + 3 + window_size must fit "
+                             "max_position_embeddings - 2).")
         if context_tokens <= 0:
             raise ValueError(f"{where} has an empty context; give a non-empty context after the question.")
         if context_tokens > self.max_context_length:
@@ -247,18 +247,14 @@ class ClusterFormerConfig(RobertaConfig):
                              f"{self.max_context_length}; truncate it or raise max_context_length.")
 
     def check_position_budget(self) -> None:
-        """Raise `ValueError` unless a question prefix plus a window fits RoBERTa's position table.
-
-        Checked when a model is built (not in the config, so a RoBERTa config can be loaded first and its
-        window options set after).
-        """
+        """Raise `ValueError` unless a question prefix plus a window fits RoBERTa's position table. Checked when a model
+        is built (not in the config, so a RoBERTa config can be loaded first and its window options set after)."""
         needed = required_position_embeddings(self.max_question_length, self.window_size, self.pad_token_id)
         if needed > self.max_position_embeddings:
-            raise ValueError(
-                f"max_question_length ({self.max_question_length}) + 3 special tokens + window_size "
-                f"({self.window_size}) needs {needed} position embeddings, more than max_position_embeddings "
-                f"({self.max_position_embeddings}); lower max_question_length or window_size."
-            )
+            raise ValueError(f"max_question_length ({self.max_question_length}) + 3 special tokens + window_size "
+                             f"({self.window_size}) needs {needed} position embeddings, more than "
+                             f"max_position_embeddings ({self.max_position_embeddings}); lower max_question_length or "
+                             "window_size.")
 
     def validate_architecture(self):
         """Also checks the options set after the config was built (``from_pretrained`` overrides)."""
@@ -266,7 +262,8 @@ class ClusterFormerConfig(RobertaConfig):
         self._check_options()
 
     def _check_sizes(self) -> None:
-        for name in POSITIVE_SIZES:
+        """Raise `ValueError` naming an encoder size below 1."""
+        for name in _POSITIVE_SIZES:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}.")
 
@@ -284,24 +281,13 @@ class ClusterFormerConfig(RobertaConfig):
             raise ValueError(f"layer_kinds lists {len(self.layer_kinds or ())} kinds for {self.num_hidden_layers} "
                              "encoder layers; give one per layer.")
         if "lsh" in self.layer_kinds and self.num_clusters % 2:
-            raise ValueError(f"num_clusters must be even for LSH layers (buckets = ±projections), got {self.num_clusters}.")
+            raise ValueError(f"num_clusters must be even for LSH layers (buckets: ±projections), "
+                             f"got {self.num_clusters}.")
 
 
 __all__ = [
-    "ClusterFormerConfig",
-    "GLOBAL_LAYER_TYPES",
-    "LAYER_KIND_SHORTCUTS",
-    "LAYER_TYPES",
-    "LayerKind",
-    "MAX_CONTEXT_LENGTH",
-    "PAIR_SPECIAL_TOKENS",
-    "POSITIVE_SIZES",
-    "QUESTION_PREFIX_SPECIAL_TOKENS",
-    "ROUTED_LAYER_TYPES",
-    "SLIDING_LAYER_TYPE",
-    "check_context_length",
-    "default_cluster_layers",
-    "layer_kinds_from_shortcuts",
-    "required_position_embeddings",
-    "suggested_num_clusters",
+    "ClusterFormerConfig", "GLOBAL_LAYER_TYPES", "LAYER_KIND_SHORTCUTS", "LAYER_TYPES", "LayerKind",
+    "MAX_CONTEXT_LENGTH", "PAIR_SPECIAL_TOKENS", "QUESTION_PREFIX_SPECIAL_TOKENS", "ROUTED_LAYER_TYPES",
+    "SLIDING_LAYER_TYPE", "check_context_length", "default_cluster_layers", "layer_kinds_from_shortcuts",
+    "required_position_embeddings", "suggested_num_clusters",
 ]

@@ -77,8 +77,8 @@ def _read_inputs(args: argparse.Namespace) -> tuple[str, str]:
 
 def check_model_path(path: str, option: str = "checkpoint") -> None:
     """Fail fast on a missing local checkpoint directory, or on a Hub id when the Hub cannot be reached
-    (`hf_clusterformer.pipeline.check_checkpoint_source`)."""
-    from hf_clusterformer.pipeline import check_checkpoint_source
+    (`hf_clusterformer.loading.check_checkpoint_source`)."""
+    from hf_clusterformer.loading import check_checkpoint_source
 
     try:
         check_checkpoint_source(path, option)
@@ -98,7 +98,7 @@ def check_cluster_former(path: str, command: str) -> None:
     kind = config.get("model_type")
     if kind == "clusterformer":
         if command == "predict":
-            from hf_clusterformer.pipeline import check_question_answering_config
+            from hf_clusterformer.loading import check_question_answering_config
 
             try:
                 check_question_answering_config(config, path)
@@ -230,12 +230,12 @@ def _cmd_train(argv: list[str], evaluate_only: bool, quiet: bool = False) -> int
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
-    from hf_clusterformer.pipeline import pipeline
+    from hf_clusterformer.loading import pipeline
 
     question, context = _read_inputs(args)
     device = _device(args.device)
     model, tokenizer = _load_qa_model(args.model, args.max_context_length)
-    from hf_clusterformer.pipeline import UntrainedModelError
+    from hf_clusterformer.modeling_clusterformer import UntrainedModelError
 
     try:
         qa = pipeline(model=model, tokenizer=tokenizer, device=device, allow_untrained=args.allow_untrained)
@@ -394,7 +394,7 @@ def _push(checkpoint: str, repo_id: str, private: bool = False, message: str | N
     from huggingface_hub.errors import HfHubHTTPError
 
     from hf_clusterformer.hub import check_hub_checkpoint, hub_files, push_model
-    from hf_clusterformer.pipeline import hub_unreachable
+    from hf_clusterformer.loading import hub_unreachable
 
     target = f"{checkpoint} to {repo_id}"
     problems = check_hub_checkpoint(checkpoint, hub_files(checkpoint)[0])  # before any connection

@@ -153,7 +153,7 @@ def test_every_head_drawn_at_load_and_saved_through_the_auto_classes_is_refused(
     """A head (or the base model's pooler) that loading drew because the checkpoint lacks it is recorded as untrained,
     so a folder saved from it does not export without --allow-untrained; once its weights change, it does."""
     from hf_clusterformer.hub import HEAD_AUTO_CLASSES
-    from hf_clusterformer.pipeline import untrained_weights
+    from hf_clusterformer.modeling_clusterformer import untrained_weights
 
     torch.manual_seed(0)
     ClusterFormerModel(tiny_config(), add_pooling_layer=False).save_pretrained(tmp_path / "encoder")
@@ -248,7 +248,7 @@ def test_bad_input_is_one_line(tmp_path):
 
 def _as_qa(folder):
     """A QA model from a classifier's folder: its QA head is new, recorded as untrained."""
-    from hf_clusterformer.pipeline import mark_untrained
+    from hf_clusterformer.modeling_clusterformer import mark_untrained
 
     model, info = ClusterFormerForQuestionAnswering.from_pretrained(folder, output_loading_info=True)
     mark_untrained(model, [key for key in info["missing_keys"] if ".router." not in key])

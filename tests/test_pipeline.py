@@ -20,13 +20,9 @@ from transformers.pipelines import PIPELINE_REGISTRY, REMOVED_TASKS
 import hf_clusterformer  # noqa: F401  (registers the Auto classes)
 from hf_clusterformer import ClusterFormerForQuestionAnswering
 from hf_clusterformer.data.tokenizer import build_tokenizer
-from hf_clusterformer.pipeline import (
-    ClusterFormerQuestionAnsweringPipeline,
-    rank_spans,
-    register_pipeline,
-    required_model_max_length,
-)
-from hf_clusterformer.pipeline import pipeline as make_pipeline
+from hf_clusterformer.loading import pipeline as make_pipeline
+from hf_clusterformer.loading import register_pipeline
+from hf_clusterformer.pipeline import ClusterFormerQuestionAnsweringPipeline, rank_spans, required_model_max_length
 
 SENTENCES = [
     "Zorvan lives with Melka in the old house by the river.",

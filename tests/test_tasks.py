@@ -31,7 +31,7 @@ from hf_clusterformer.conversion import ConversionTaskError, convert_checkpoint
 from hf_clusterformer.data.tokenizer import build_tokenizer
 from hf_clusterformer.hub import TASK_CLASSES
 from hf_clusterformer.modelcard import default_widget, make_model_card
-from hf_clusterformer.pipeline import untrained_weights
+from hf_clusterformer.modeling_clusterformer import untrained_weights
 from hf_clusterformer_cli import build_parser, main
 from hf_clusterformer_cli_support import HEAD_TASKS
 

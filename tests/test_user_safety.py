@@ -25,7 +25,8 @@ from hf_clusterformer import ClusterFormerForQuestionAnswering
 from hf_clusterformer_cli import main
 from hf_clusterformer.data.tokenizer import build_tokenizer
 from hf_clusterformer.hub import ModelFolderExistsError, save_for_hub
-from hf_clusterformer.pipeline import ClusterFormerQuestionAnsweringPipeline, UntrainedModelError, untrained_weights
+from hf_clusterformer.modeling_clusterformer import UntrainedModelError, untrained_weights
+from hf_clusterformer.pipeline import ClusterFormerQuestionAnsweringPipeline
 
 SENTENCES = [
     "Zorvan lives with Melka in the old house by the river.",

@@ -503,8 +503,8 @@ def test_import_loads_only_what_registration_needs():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads(result.stdout.strip().replace("'", '"')) == [
-        "hf_clusterformer.configuration_clusterformer", "hf_clusterformer.modeling_clusterformer",
-        "hf_clusterformer.pipeline",
+        "hf_clusterformer.configuration_clusterformer", "hf_clusterformer.loading",
+        "hf_clusterformer.modeling_clusterformer", "hf_clusterformer.pipeline",
     ]
 
 

@@ -3,7 +3,7 @@
 Importing the package registers the ``clusterformer`` config and models with the transformers Auto classes, and
 changes nothing else in transformers. The long-context ``question-answering`` pipeline is registered only on request:
 `register_pipeline` puts it under ``transformers.pipeline("question-answering", ...)`` for the rest of the process
-(the docstring of the ``pipeline`` module says what that changes), and the function `pipeline`
+(the docstring of the ``loading`` module says what that changes), and the function `pipeline`
 (``hf_clusterformer.pipeline(model=...)``) registers it and builds one.
 
 Training-only parts (the `Trainer` callback, the centroid updater) and the Hub functions load on first use, so that
@@ -30,7 +30,8 @@ from .modeling_clusterformer import (
     ClusterFormerModel,
     ClusterFormerPreTrainedModel,
 )
-from .pipeline import ClusterFormerQuestionAnsweringPipeline, pipeline, register_pipeline
+from .pipeline import ClusterFormerQuestionAnsweringPipeline
+from .loading import pipeline, register_pipeline  # after .pipeline: the name is the function
 
 __version__ = "0.1.0"
 

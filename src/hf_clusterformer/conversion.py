@@ -26,8 +26,13 @@ from .configuration_clusterformer import (
     check_context_length,
 )
 from .hub import HEAD_AUTO_CLASSES, TASK_CLASSES, save_for_hub
-from .modeling_clusterformer import ClusterFormerForQuestionAnswering, check_centroid_memory
-from .pipeline import check_checkpoint_source, mark_untrained, untrained_weights
+from .loading import check_checkpoint_source
+from .modeling_clusterformer import (
+    ClusterFormerForQuestionAnswering,
+    check_centroid_memory,
+    mark_untrained,
+    untrained_weights,
+)
 
 __all__ = [
     "CONVERTIBLE_TYPES",
@@ -231,7 +236,7 @@ def convert_checkpoint(
         overwrite: replace a model already in ``dst`` (see `save_for_hub`); without it such a folder is refused
             with `ModelFolderExistsError` before anything is loaded.
         seed: seeds every new weight (a new head): two conversions of one source give the same checkpoint. New
-            weights are recorded as untrained (`hf_clusterformer.pipeline.mark_untrained`; refused until trained).
+            weights are recorded as untrained (`hf_clusterformer.modeling_clusterformer.mark_untrained`; refused until trained).
         task: the head, a `TASK_CLASSES` key (``qa``, ``mlm``, ``sequence-classification``, ...) or its pipeline task
             (`HEAD_TASKS`); a source's own head of that kind loads 1:1 (BERT's mapped by `_BERT_HEADS`). Default: a
             Cluster-Former source's own head (a bare `ClusterFormerModel` needs a ``task``), else ``qa``.
@@ -451,7 +456,7 @@ def load_qa_model(
     """A Cluster-Former QA model from a Cluster-Former, RoBERTa or BERT-family checkpoint, in memory.
 
     A BERT-family checkpoint is mapped as `convert_checkpoint` maps it. Weights the checkpoint lacks (a QA head) are
-    drawn with ``seed`` and recorded as untrained (`hf_clusterformer.pipeline.mark_untrained`), so the pipeline
+    drawn with ``seed`` and recorded as untrained (`hf_clusterformer.modeling_clusterformer.mark_untrained`), so the pipeline
     refuses them. ``options`` override config values (e.g. ``max_context_length``).
     """
     check_context_length(options.get("max_context_length"))

@@ -8,7 +8,7 @@ and T, padded on either side (multiple choice: (B, C, T) of any C too), as the t
 (one line per fault, `ExportError`) and returns the head's outputs by name (QA: ``start_logits``, ``end_logits`` and
 ``answerable_logits`` when the model has that head; the sequence, token-classification and masked-LM heads:
 ``logits``; multiple choice: (B, C) ``logits``; the base model: ``last_hidden_state``, ``pooler_output``). A head
-whose weights were never trained (recorded when it was added: `hf_clusterformer.pipeline.untrained_weights`) is
+whose weights were never trained (recorded when it was added: `hf_clusterformer.modeling_clusterformer.untrained_weights`) is
 refused unless ``allow_untrained``.
 
 The layout of a batch (window count, prefix width, routed chunks) depends on where its questions end, which eager
@@ -40,6 +40,7 @@ from hf_clusterformer_cli_support import convert_command
 from hf_clusterformer_files import holds_model, owned_by_model
 
 from .configuration_clusterformer import ClusterFormerConfig
+from .loading import check_checkpoint_source
 from .modeling_clusterformer import (
     BatchSizes,
     ClusterFormerForMaskedLM,
@@ -52,8 +53,8 @@ from .modeling_clusterformer import (
     check_input_tensors,
     locate_rows,
     non_finite_weights,
+    untrained_weights,
 )
-from .pipeline import check_checkpoint_source, untrained_weights
 
 logger = logging.getLogger(__name__)
 

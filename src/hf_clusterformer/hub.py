@@ -46,14 +46,16 @@ from transformers.dynamic_module_utils import get_imports
 
 from .configuration_clusterformer import ClusterFormerConfig
 from .modeling_clusterformer import (
+    UNTRAINED_WEIGHTS,
     ClusterFormerForMaskedLM,
     ClusterFormerForMultipleChoice,
     ClusterFormerForQuestionAnswering,
     ClusterFormerForSequenceClassification,
     ClusterFormerForTokenClassification,
     ClusterFormerModel,
+    untrained_weights,
 )
-from .pipeline import TASK, UNTRAINED_WEIGHTS, untrained_weights
+from .pipeline import TASK
 
 __all__ = [
     "CODE_FILES",

@@ -19,6 +19,12 @@ Reading guide, top to bottom:
    classes, `ClusterFormerForMaskedLM` (single texts), `ClusterFormerForSequenceClassification`,
    `ClusterFormerForTokenClassification` (single texts or pairs) and `ClusterFormerForMultipleChoice` (pairs).
 
+Weights never trained (just before `ClusterFormerPreTrainedModel`): `mark_untrained` records in the config which
+weights were newly initialised, with a fingerprint of their values (`from_pretrained` records those a checkpoint
+lacks); `check_trained` refuses them while they keep those values (`UntrainedModelError`), and NaN/inf weights
+(`check_finite`). The QA pipeline and export read the record. It lives here, with the model, so this file's copy in a
+Hub checkpoint (loaded with ``trust_remote_code=True``) records and checks as the package does.
+
 Shapes: B batch, T input length, K windows per example, S slots per window (longest question prefix + l),
 L = K * S flat slots, d hidden size, m window stride (= chunk length), p number of clusters.
 
@@ -27,7 +33,7 @@ This file is self-contained for the Hub: it imports only torch, transformers and
 
 from __future__ import annotations
 
-import importlib
+import hashlib
 import math
 import os
 import shutil
@@ -966,6 +972,20 @@ class ClusterFormerKwargs(TransformersKwargs, total=False):
 LEGACY_KEY_MAPPING = {r"encoder\.routers\.(\d+)\.": r"encoder.layer.\1.router."}
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# Weights never trained, or broken: the record of newly initialised weights, and NaN/inf weights refused
+# ----------------------------------------------------------------------------------------------------------------
+
+#: Config attribute naming the weights that were newly initialised (a QA head added to an encoder) and a fingerprint
+#: of their initial values: while the weights still have those values, the model was never trained. The record is
+#: kept by this file, so a checkpoint's own copy of it (loaded with ``trust_remote_code=True``) keeps and reads it too.
+UNTRAINED_WEIGHTS = "untrained_weights"
+
+
+class UntrainedModelError(ValueError):
+    """The model's QA head was newly initialised and never trained, so its answers would be random."""
+
+
 def non_finite_weights(model: nn.Module) -> list[str]:
     """Names of the floating-point parameters and buffers of ``model`` holding a NaN or inf (empty when all are
     finite; tensors on the meta device are skipped)."""
@@ -976,19 +996,68 @@ def non_finite_weights(model: nn.Module) -> list[str]:
     return [name for name, t in tensors if not bool(torch.isfinite(t.detach()).all())]
 
 
+def _weights_fingerprint(model: nn.Module, names: list[str]) -> str:
+    """sha256 of the named weights, rounded to bfloat16 (so that float32, float16 and bfloat16 loads agree)."""
+    tensors = dict(model.named_parameters())
+    digest = hashlib.sha256()
+    for name in sorted(names):
+        digest.update(name.encode())
+        values = tensors[name].detach().to(device="cpu", dtype=torch.bfloat16).float().contiguous()
+        digest.update(values.numpy().tobytes())
+    return digest.hexdigest()
+
+
+def mark_untrained(model: nn.Module, names: list[str]) -> None:
+    """Record in ``model.config`` that the parameters ``names`` were newly initialised (nothing when none are)."""
+    parameters = dict(model.named_parameters())
+    names = sorted(name for name in names if name in parameters)
+    if names:
+        setattr(model.config, UNTRAINED_WEIGHTS, {"names": names, "sha256": _weights_fingerprint(model, names)})
+
+
+def untrained_weights(model: nn.Module) -> list[str]:
+    """The newly initialised parameters of ``model`` that still hold their initial values (empty once trained, or
+    when nothing was recorded)."""
+    record = getattr(model.config, UNTRAINED_WEIGHTS, None)
+    if not isinstance(record, dict) or not record.get("names"):
+        return []
+    parameters = dict(model.named_parameters())
+    names = [name for name in record["names"] if name in parameters]
+    if names and _weights_fingerprint(model, names) == record.get("sha256"):
+        return names
+    return []
+
+
+def check_trained(model: nn.Module, allow_untrained: bool = False, head: str = "QA") -> None:
+    """Raise `UntrainedModelError` when ``model`` answers with weights that were never trained (see
+    `mark_untrained`), unless ``allow_untrained`` (smoke tests); then `check_finite`."""
+    names = untrained_weights(model)
+    check_finite(model)
+    if names and not allow_untrained:
+        raise UntrainedModelError(
+            f"the {head} head of this model ({', '.join(names)}) was newly initialised and never trained, so its answers "
+            f"would be random; fine-tune it first{' (`clusterformer train --model_name_or_path DIR ...`)' if head == 'QA' else ''}, or pass "
+            "allow_untrained=True (--allow-untrained) for a smoke test."
+        )
+
+
+def check_finite(model: nn.Module) -> None:
+    """Raise `ValueError` in one line when a weight of ``model`` is NaN or inf (every output would be meaningless)."""
+    broken = non_finite_weights(model)
+    if broken:
+        raise ValueError(f"this {type(model).__name__} holds weights that are NaN or inf ({len(broken)} tensors: "
+                         f"{', '.join(broken[:3])}{', ...' if len(broken) > 3 else ''}), so every output would be "
+                         "meaningless; load an earlier checkpoint, or train again (with a lower learning rate).")
+
+
 def _record_new_weights(model: nn.Module, missing_keys) -> None:
     """Record the parameters `from_pretrained` initialised because the checkpoint lacks them (router buffers aside)
-    as untrained in ``model.config``, with those recorded before that are still untrained: the record of
-    `hf_clusterformer.pipeline.mark_untrained`, which export and the QA pipeline read (and refuse until the weights
-    change), so that a head drawn at load and saved as it is (through the Auto classes too) is known as untrained.
-
-    The record's fingerprint lives with the pipeline that checks it, a package module: these files loaded as a Hub
-    checkpoint's code, without the package, record nothing."""
+    as untrained in ``model.config`` (`mark_untrained`), with those recorded before that are still untrained, so that
+    a head drawn at load and saved as it is (through the Auto classes too) is known as untrained: export and the QA
+    pipeline refuse it until the weights change. A checkpoint's own copy of this file records the same way."""
     new = [key for key in missing_keys if ".router." not in key]
-    if not new or __package__ != "hf_clusterformer":
-        return
-    records = importlib.import_module(".pipeline", __package__)
-    records.mark_untrained(model, sorted(set(new) | set(records.untrained_weights(model))))
+    if new:
+        mark_untrained(model, sorted(set(new) | set(untrained_weights(model))))
 
 
 class ClusterFormerPreTrainedModel(RobertaPreTrainedModel):
@@ -1780,7 +1849,13 @@ class ClusterFormerForMultipleChoice(ClusterFormerPreTrainedModel):
 
 
 __all__ = [
+    "UNTRAINED_WEIGHTS",
+    "UntrainedModelError",
+    "check_finite",
+    "check_trained",
+    "mark_untrained",
     "non_finite_weights",
+    "untrained_weights",
     "ClusterFormerForMaskedLM",
     "ClusterFormerForMultipleChoice",
     "ClusterFormerForQuestionAnswering",

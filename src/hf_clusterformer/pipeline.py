@@ -1,165 +1,49 @@
-"""Pipelines over whole long inputs: one forward pass per (question, context), or per text for the other heads.
+"""The question-answering pipeline over whole long inputs: one forward pass per (question, context).
 
 `ClusterFormerQuestionAnsweringPipeline` tokenizes ``<s> question </s></s> context </s>`` without splitting the
 context (up to ``config.max_context_length`` tokens for Cluster-Former models), runs the model once, and maps the best
-start/end token pair back to characters of the context. Outputs follow the old transformers pipeline: ``{"score",
-"start", "end", "answer"}`` (a list when ``top_k > 1``); with ``long_answer=True``, ``{"short_answers": [...],
-"long_answers": [...]}``, long answers being whole paragraphs (NQ style).
+start/end token pair back to characters of the context (`rank_spans`). Outputs follow the old transformers pipeline:
+``{"score", "start", "end", "answer"}`` (a list when ``top_k > 1``); with ``long_answer=True``, ``{"short_answers":
+[...], "long_answers": [...]}``, long answers being whole paragraphs (NQ style, `rank_paragraphs`).
 
-Registration is explicit: transformers 5 removed its ``question-answering`` pipeline (``REMOVED_TASKS``);
-`register_pipeline` takes the name off that list and registers this class under it for the whole process.
-`pipeline` (``hf_clusterformer.pipeline(model=..., task=...)``) builds a pipeline of any head, registering the QA one
-first. A Hub checkpoint's ``custom_pipelines`` entry (``trust_remote_code=True``) needs neither.
+A model whose head was never trained, or whose weights are NaN or inf, is refused (`check_trained`, with the record
+of untrained weights in the modeling file). Registration under transformers' ``question-answering`` task and
+``hf_clusterformer.pipeline(...)`` live in `hf_clusterformer.loading`; a question-answering Hub checkpoint holds
+this file and maps the task to it in ``custom_pipelines`` (``trust_remote_code=True``), which needs neither.
+`use_model_limit` raises a tokenizer's limit to the model's (``config.max_input_length``), for this pipeline and
+those of the other heads.
 
-This file is self-contained for the Hub: it imports only torch and transformers.
+This file is self-contained for the Hub: it imports only torch, transformers and the modeling file.
 """
 
 from __future__ import annotations
 
 import bisect
 import copy
-import hashlib
 import itertools
 import math
-import os
 import re
-import socket
 from typing import Any
 
 import torch
 from transformers import AutoModelForQuestionAnswering, Pipeline
-import transformers.pipelines as hf_pipelines
-from transformers.pipelines import PIPELINE_REGISTRY
 from transformers.utils import logging
+
+try:  # package import
+    from .modeling_clusterformer import check_trained
+except ImportError:  # Hub copy loaded with trust_remote_code
+    from modeling_clusterformer import check_trained
 
 logger = logging.get_logger(__name__)
 
 TASK = "question-answering"
-#: Marks the start of a passage in multi-passage (NQ-style) contexts.
+#: Marks the start of a passage in multi-passage (NQ-style) contexts (the SQuAD multi-passage set writes it).
 PASSAGE_TOKEN = "<p>"
 #: Parameters of the old transformers question-answering pipeline that split contexts; they have no meaning here.
 _SPLITTING_PARAMETERS = ("doc_stride", "max_seq_len", "max_question_len", "padding")
 _MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 _BLANK_LINE = re.compile(r"\n[ \t\r\f\v]*\n")
 _SENTENCE_END = re.compile(r"[.!?][\"')\]]*\s+")
-
-
-#: Config attribute naming the weights that were newly initialised (a QA head added to an encoder) and a fingerprint
-#: of their initial values: while the weights still have those values, the model was never trained.
-UNTRAINED_WEIGHTS = "untrained_weights"
-
-
-class UntrainedModelError(ValueError):
-    """The model's QA head was newly initialised and never trained, so its answers would be random."""
-
-
-def _weights_fingerprint(model: Any, names: list[str]) -> str:
-    """sha256 of the named weights, rounded to bfloat16 (so that float32, float16 and bfloat16 loads agree)."""
-    tensors = dict(model.named_parameters())
-    digest = hashlib.sha256()
-    for name in sorted(names):
-        digest.update(name.encode())
-        values = tensors[name].detach().to(device="cpu", dtype=torch.bfloat16).float().contiguous()
-        digest.update(values.numpy().tobytes())
-    return digest.hexdigest()
-
-
-def mark_untrained(model: Any, names: list[str]) -> None:
-    """Record in ``model.config`` that the parameters ``names`` were newly initialised (nothing when none are)."""
-    parameters = dict(model.named_parameters())
-    names = sorted(name for name in names if name in parameters)
-    if names:
-        setattr(model.config, UNTRAINED_WEIGHTS, {"names": names, "sha256": _weights_fingerprint(model, names)})
-
-
-def untrained_weights(model: Any) -> list[str]:
-    """The newly initialised parameters of ``model`` that still hold their initial values (empty once trained, or
-    when nothing was recorded)."""
-    record = getattr(model.config, UNTRAINED_WEIGHTS, None)
-    if not isinstance(record, dict) or not record.get("names"):
-        return []
-    parameters = dict(model.named_parameters())
-    names = [name for name in record["names"] if name in parameters]
-    if names and _weights_fingerprint(model, names) == record.get("sha256"):
-        return names
-    return []
-
-
-def check_trained(model: Any, allow_untrained: bool = False, head: str = "QA") -> None:
-    """Raise `UntrainedModelError` when ``model`` answers with weights that were never trained (see
-    `mark_untrained`), unless ``allow_untrained`` (smoke tests); then `check_finite`."""
-    names = untrained_weights(model)
-    check_finite(model)
-    if names and not allow_untrained:
-        raise UntrainedModelError(
-            f"the {head} head of this model ({', '.join(names)}) was newly initialised and never trained, so its answers "
-            f"would be random; fine-tune it first{' (`clusterformer train --model_name_or_path DIR ...`)' if head == 'QA' else ''}, or pass "
-            "allow_untrained=True (--allow-untrained) for a smoke test."
-        )
-
-
-def check_finite(model: Any) -> None:
-    """Raise `ValueError` in one line when a weight of ``model`` is NaN or inf (every output would be meaningless)."""
-    broken = [name for name, t in [*model.named_parameters(), *model.named_buffers()]
-              if t.is_floating_point() and t.device.type != "meta" and not bool(torch.isfinite(t.detach()).all())]
-    if broken:
-        raise ValueError(f"this {type(model).__name__} holds weights that are NaN or inf ({len(broken)} tensors: "
-                         f"{', '.join(broken[:3])}{', ...' if len(broken) > 3 else ''}), so every output would be "
-                         "meaningless; load an earlier checkpoint, or train again (with a lower learning rate).")
-
-
-def looks_local(path: str) -> bool:
-    """Whether a model argument is meant as a directory rather than a Hub id (``name`` or ``user/name``): it starts
-    with ``.``, ``/`` or ``~``, has more than one ``/``, ends with one, or starts with an existing folder."""
-    return path.startswith((".", "/", "~", "\\")) or path.count("/") > 1 or path.endswith("/") or (
-        "/" in path and os.path.isdir(path.split("/")[0])
-    )
-
-
-def hub_unreachable() -> str | None:
-    """Why the Hub endpoint cannot be reached (``HF_HUB_OFFLINE``, or one quick connection without retries that
-    fails), or ``None`` when it can (or a proxy decides)."""
-    from urllib.parse import urlsplit
-
-    from transformers.utils.hub import constants  # huggingface_hub's, as transformers reads them
-
-    if constants.HF_HUB_OFFLINE:
-        return "HF_HUB_OFFLINE is set"
-    if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY")):
-        return None
-    url = urlsplit(constants.ENDPOINT)
-    try:
-        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=5).close()
-    except OSError as error:
-        return f"{constants.ENDPOINT} cannot be reached ({error.strerror or error})"
-    return None
-
-
-def check_checkpoint_source(source: Any, what: str = "checkpoint") -> str:
-    """``source`` (a checkpoint directory or Hub id) as a string, after failing fast in one line on what cannot load:
-    `TypeError` (not a str or path), `NotADirectoryError` (a file), `FileNotFoundError` (a folder without
-    ``config.json``, or a missing path that `looks_local`: no Hub request), `OSError` (a Hub id not in the local cache
-    while `hub_unreachable`, instead of the Hub client's retries)."""
-    if isinstance(source, bytes) or not isinstance(source, (str, os.PathLike)):
-        raise TypeError(f"{what} must be a checkpoint directory or Hub id (a str or path), got "
-                        f"{type(source).__name__} {source!r}.")
-    path = os.fspath(source)
-    if os.path.isfile(path):
-        raise NotADirectoryError(f"{what} {path} is a file; give the checkpoint directory (with config.json).")
-    if os.path.isdir(path):
-        if not os.path.isfile(os.path.join(path, "config.json")):
-            raise FileNotFoundError(f"{what} {path} has no config.json; give a checkpoint directory.")
-        return path
-    if isinstance(source, os.PathLike) or looks_local(path):
-        raise FileNotFoundError(f"{what} directory {path} does not exist.")
-    from transformers.utils.hub import try_to_load_from_cache
-
-    reason = hub_unreachable()
-    if reason and not isinstance(try_to_load_from_cache(path, "config.json"), str):
-        raise OSError(
-            f"{what} {path} is not a local directory, and the Hub is out of reach: {reason}; give an existing directory."
-        )
-    return path
 
 
 def required_model_max_length(config: Any) -> int | None:
@@ -575,117 +459,9 @@ ClusterFormerQuestionAnsweringPipeline._registered_impl = {
 }
 
 
-def register_pipeline() -> None:
-    """Register the pipeline as transformers' ``question-answering`` task for the rest of the process (idempotent),
-    taking the name off ``transformers.pipelines.REMOVED_TASKS``. Importing the package does not call this."""
-    getattr(hf_pipelines, "REMOVED_TASKS", {}).pop(TASK, None)  # transformers >= 5.2x lists removed tasks
-    current = PIPELINE_REGISTRY.supported_tasks.get(TASK, {}).get("impl")
-    if current is not ClusterFormerQuestionAnsweringPipeline:
-        if current is not None and getattr(current, "__name__", None) == ClusterFormerQuestionAnsweringPipeline.__name__:
-            PIPELINE_REGISTRY.supported_tasks.pop(TASK)  # another copy of this file (e.g. loaded as Hub code)
-        PIPELINE_REGISTRY.register_pipeline(
-            TASK, pipeline_class=ClusterFormerQuestionAnsweringPipeline, pt_model=AutoModelForQuestionAnswering, type="text"
-        )
-
-
-class _WholeText:
-    """Mixin for transformers' pipelines of the other heads: the model's limit (`use_model_limit`), its weights
-    checked (`check_trained`), a longer text refused with the numbers instead of cut."""
-
-    def __init__(self, *args, allow_untrained: bool = False, **kwargs):
-        super().__init__(*args, **kwargs)
-        check_trained(self.model, allow_untrained, head=self.task or "new")
-        use_model_limit(self.tokenizer, self.model.config)
-
-    def preprocess(self, inputs, *args, **kwargs):
-        if isinstance(inputs, str) and self.tokenizer is not None:
-            count, limit = len(self.tokenizer(inputs, verbose=False)["input_ids"]), self.tokenizer.model_max_length
-            if count > limit:
-                raise ValueError(f"the text has {count} tokens, more than this model reads ({limit}); the pipeline "
-                                 "does not cut texts: shorten it, or use a model with a larger max_context_length.")
-        return super().preprocess(inputs, *args, **kwargs)
-
-
-def pipeline(model: Any = None, tokenizer: Any = None, task: str = TASK, **kwargs: Any) -> Pipeline:
-    """``transformers.pipeline(task, ...)`` over whole inputs up to the model's limit (`use_model_limit`), no remote
-    code needed: this module's QA pipeline (registered first), or transformers' ``fill-mask``, ``text-classification``
-    or ``token-classification`` one, which refuses a longer text with the numbers instead of cutting it. ``model``: a
-    model, a checkpoint directory or a Hub id; another head's folder, an untrained head (``allow_untrained=True`` for
-    smoke tests) and NaN/inf weights are refused in one line. Other arguments go to ``transformers.pipeline``."""
-    from transformers import pipeline as make_pipeline
-
-    task = hf_pipelines.TASK_ALIASES.get(task, task)
-    if task == TASK:
-        register_pipeline()
-    elif task not in _HEADS:
-        raise ValueError(f"task must be one of {[TASK, *_HEADS]}, got {task!r}.")
-    impl = ClusterFormerQuestionAnsweringPipeline if task == TASK else getattr(hf_pipelines, _HEADS[task] + "Pipeline")
-    kwargs.setdefault("pipeline_class", impl if task == TASK else type(impl.__name__, (_WholeText, impl), {"__module__": __name__}))
-    if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
-        model, tokenizer = _load_for_pipeline(model, tokenizer, kwargs, task)
-    return make_pipeline(task, model=model, tokenizer=tokenizer, **kwargs)
-
-
-#: The transformers pipeline class (less "Pipeline") of each other head's task.
-_HEADS = {"fill-mask": "FillMask", "text-classification": "TextClassification", "token-classification": "TokenClassification"}
-
-
-def check_question_answering_config(config: dict, source: Any, task: str = TASK) -> None:
-    """Raise `ValueError` in one line when the ``config.json`` values ``config`` of checkpoint ``source`` hold no
-    ``task`` model: another model type (GPT-2, BERT), or a Cluster-Former model of another head (new and random)."""
-    kind, heads = config.get("model_type"), config.get("architectures") or []
-    wanted = {"fill-mask": "MaskedLM", "text-classification": "SequenceClassification"}.get(task, _HEADS.get(task, "QuestionAnswering"))
-    if kind not in (None, "clusterformer", "roberta"):
-        raise ValueError(f"{source} is a {kind!r} checkpoint, not a Cluster-Former one; give a Cluster-Former "
-                         f"{'QA ' if task == TASK else ''}checkpoint (a RoBERTa or BERT-family one converted by "
-                         f"`clusterformer convert SRC OUT{'' if task == TASK else ' --task ' + task}`).")
-    other = [h for h in heads if str(h).startswith("ClusterFormerFor") and not h.endswith(wanted)]
-    if other and len(other) == len(heads):
-        head = other[0].removeprefix("ClusterFormerFor")
-        own = {"MaskedLM": "fill-mask", "QuestionAnswering": TASK}.get(head, re.sub(r"(?<!^)(?=[A-Z])", "-", head).lower())
-        what = "masked-LM" if head == "MaskedLM" else own
-        fix = (f"load it with transformers.AutoModelFor{head}, or fine-tune a QA model from it with `clusterformer "
-               f"train --model_name_or_path {source} --train_file ...`" if task == TASK else
-               f"use it with task={own!r}, or fine-tune a {task} model from it")
-        raise ValueError(f"{source} holds a {what} model ({other[0]}), not a {task} one, so it has no {task} head "
-                         f"to {'answer' if task == TASK else 'run'} with: {fix}.")
-
-
-def _load_for_pipeline(path: Any, tokenizer: Any, kwargs: dict, task: str = TASK) -> tuple[Any, Any]:
-    """The ``task`` model of a checkpoint, its weights that the checkpoint lacks marked as untrained; one that cannot
-    be found fails at once (`check_checkpoint_source`), one with no ``task`` model in one line."""
-    from transformers import PretrainedConfig
-
-    path = check_checkpoint_source(path, "model")
-    hub = {name: kwargs[name] for name in ("revision", "token", "trust_remote_code") if name in kwargs}
-    check_question_answering_config(PretrainedConfig.get_config_dict(path, **{
-        k: v for k, v in hub.items() if k != "trust_remote_code"})[0], path, task)
-    options = {**hub, **dict(kwargs.pop("model_kwargs", None) or {})}
-    if "dtype" in kwargs:
-        options["dtype"] = kwargs.pop("dtype")
-    auto = hf_pipelines.SUPPORTED_TASKS[task]["pt"][0] if task != TASK else AutoModelForQuestionAnswering
-    model, info = auto.from_pretrained(path, output_loading_info=True, **options)
-    mark_untrained(model, [key for key in info["missing_keys"] if ".router." not in key])
-    return model, tokenizer if tokenizer is not None else path
-
-
 __all__ = [
     "PASSAGE_TOKEN",
-    "UNTRAINED_WEIGHTS",
     "ClusterFormerQuestionAnsweringPipeline",
-    "UntrainedModelError",
-    "check_checkpoint_source",
-    "check_finite",
-    "check_question_answering_config",
-    "check_trained",
-    "hub_unreachable",
-    "looks_local",
-    "mark_untrained",
-    "untrained_weights",
-    "pipeline",
     "rank_paragraphs",
     "rank_spans",
-    "register_pipeline",
-    "required_model_max_length",
-    "use_model_limit",
 ]

@@ -38,8 +38,7 @@ from .conversion import ModelOption, check_centroid_memory, check_context_length
 from .hub import RESULT_FILES, check_result_files, write_checkpoint
 from .metrics import load_squad_metric
 from .modelcard import run_card_data
-from .modeling_clusterformer import ClusterFormerForQuestionAnswering, locate_question_prefix
-from .pipeline import check_trained
+from .modeling_clusterformer import ClusterFormerForQuestionAnswering, check_trained, locate_question_prefix
 
 logger = logging.getLogger(__name__)
 

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from ..pipeline import PASSAGE_TOKEN  # the token the pipeline reads as a passage start: one home
+
 if TYPE_CHECKING:
     from transformers import RobertaTokenizerFast
 
@@ -19,8 +21,6 @@ __all__ = [
     "build_tokenizer",
 ]
 
-PASSAGE_TOKEN = "<p>"
-"""Marks the start of each passage in multi-passage contexts."""
 SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>", PASSAGE_TOKEN)
 """Special tokens; their ids are their positions: ``<s>=0, <pad>=1, </s>=2, <unk>=3,
 <mask>=4, <p>=5``."""

@@ -1,0 +1,178 @@
+"""Loading a checkpoint for inference: the checks of a checkpoint source (a directory or Hub id, failing fast in one
+line), the check that its config holds a model of the task, and `pipeline`, which builds a pipeline from it.
+
+Registration is explicit: transformers 5 removed its ``question-answering`` pipeline (``REMOVED_TASKS``);
+`register_pipeline` takes the name off that list and registers
+`hf_clusterformer.pipeline.ClusterFormerQuestionAnsweringPipeline` under it for the whole process. `pipeline`
+(``hf_clusterformer.pipeline(model=..., task=...)``) builds a pipeline of any head, registering the QA one first.
+
+A package module, not copied into Hub checkpoints.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from typing import Any
+
+import transformers.pipelines as hf_pipelines
+from transformers import AutoModelForQuestionAnswering, Pipeline
+from transformers.pipelines import PIPELINE_REGISTRY
+
+from .modeling_clusterformer import check_trained, mark_untrained
+from .pipeline import TASK, ClusterFormerQuestionAnsweringPipeline, use_model_limit
+
+
+def looks_local(path: str) -> bool:
+    """Whether a model argument is meant as a directory rather than a Hub id (``name`` or ``user/name``): it starts
+    with ``.``, ``/`` or ``~``, has more than one ``/``, ends with one, or starts with an existing folder."""
+    return path.startswith((".", "/", "~", "\\")) or path.count("/") > 1 or path.endswith("/") or (
+        "/" in path and os.path.isdir(path.split("/")[0])
+    )
+
+
+def hub_unreachable() -> str | None:
+    """Why the Hub endpoint cannot be reached (``HF_HUB_OFFLINE``, or one quick connection without retries that
+    fails), or ``None`` when it can (or a proxy decides)."""
+    from urllib.parse import urlsplit
+
+    from transformers.utils.hub import constants  # huggingface_hub's, as transformers reads them
+
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set"
+    if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY")):
+        return None
+    url = urlsplit(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=5).close()
+    except OSError as error:
+        return f"{constants.ENDPOINT} cannot be reached ({error.strerror or error})"
+    return None
+
+
+def check_checkpoint_source(source: Any, what: str = "checkpoint") -> str:
+    """``source`` (a checkpoint directory or Hub id) as a string, after failing fast in one line on what cannot load:
+    `TypeError` (not a str or path), `NotADirectoryError` (a file), `FileNotFoundError` (a folder without
+    ``config.json``, or a missing path that `looks_local`: no Hub request), `OSError` (a Hub id not in the local cache
+    while `hub_unreachable`, instead of the Hub client's retries)."""
+    if isinstance(source, bytes) or not isinstance(source, (str, os.PathLike)):
+        raise TypeError(f"{what} must be a checkpoint directory or Hub id (a str or path), got "
+                        f"{type(source).__name__} {source!r}.")
+    path = os.fspath(source)
+    if os.path.isfile(path):
+        raise NotADirectoryError(f"{what} {path} is a file; give the checkpoint directory (with config.json).")
+    if os.path.isdir(path):
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise FileNotFoundError(f"{what} {path} has no config.json; give a checkpoint directory.")
+        return path
+    if isinstance(source, os.PathLike) or looks_local(path):
+        raise FileNotFoundError(f"{what} directory {path} does not exist.")
+    from transformers.utils.hub import try_to_load_from_cache
+
+    reason = hub_unreachable()
+    if reason and not isinstance(try_to_load_from_cache(path, "config.json"), str):
+        raise OSError(
+            f"{what} {path} is not a local directory, and the Hub is out of reach: {reason}; give an existing directory."
+        )
+    return path
+
+def register_pipeline() -> None:
+    """Register the pipeline as transformers' ``question-answering`` task for the rest of the process (idempotent),
+    taking the name off ``transformers.pipelines.REMOVED_TASKS``. Importing the package does not call this."""
+    getattr(hf_pipelines, "REMOVED_TASKS", {}).pop(TASK, None)  # transformers >= 5.2x lists removed tasks
+    current = PIPELINE_REGISTRY.supported_tasks.get(TASK, {}).get("impl")
+    if current is not ClusterFormerQuestionAnsweringPipeline:
+        if current is not None and getattr(current, "__name__", None) == ClusterFormerQuestionAnsweringPipeline.__name__:
+            PIPELINE_REGISTRY.supported_tasks.pop(TASK)  # another copy of pipeline.py (e.g. loaded as Hub code)
+        PIPELINE_REGISTRY.register_pipeline(
+            TASK, pipeline_class=ClusterFormerQuestionAnsweringPipeline, pt_model=AutoModelForQuestionAnswering, type="text"
+        )
+
+
+class _WholeText:
+    """Mixin for transformers' pipelines of the other heads: the model's limit (`use_model_limit`), its weights
+    checked (`check_trained`), a longer text refused with the numbers instead of cut."""
+
+    def __init__(self, *args, allow_untrained: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        check_trained(self.model, allow_untrained, head=self.task or "new")
+        use_model_limit(self.tokenizer, self.model.config)
+
+    def preprocess(self, inputs, *args, **kwargs):
+        if isinstance(inputs, str) and self.tokenizer is not None:
+            count, limit = len(self.tokenizer(inputs, verbose=False)["input_ids"]), self.tokenizer.model_max_length
+            if count > limit:
+                raise ValueError(f"the text has {count} tokens, more than this model reads ({limit}); the pipeline "
+                                 "does not cut texts: shorten it, or use a model with a larger max_context_length.")
+        return super().preprocess(inputs, *args, **kwargs)
+
+
+def pipeline(model: Any = None, tokenizer: Any = None, task: str = TASK, **kwargs: Any) -> Pipeline:
+    """``transformers.pipeline(task, ...)`` over whole inputs up to the model's limit (`use_model_limit`), no remote
+    code needed: `ClusterFormerQuestionAnsweringPipeline` (registered first), or transformers' ``fill-mask``,
+    ``text-classification`` or ``token-classification`` one, which refuses a longer text with the numbers instead of
+    cutting it. ``model``: a model, a checkpoint directory or a Hub id; another head's folder, an untrained head
+    (``allow_untrained=True`` for smoke tests) and NaN/inf weights are refused in one line. Other arguments go to
+    ``transformers.pipeline``."""
+    from transformers import pipeline as make_pipeline
+
+    task = hf_pipelines.TASK_ALIASES.get(task, task)
+    if task == TASK:
+        register_pipeline()
+    elif task not in _HEADS:
+        raise ValueError(f"task must be one of {[TASK, *_HEADS]}, got {task!r}.")
+    impl = ClusterFormerQuestionAnsweringPipeline if task == TASK else getattr(hf_pipelines, _HEADS[task] + "Pipeline")
+    kwargs.setdefault("pipeline_class", impl if task == TASK else type(impl.__name__, (_WholeText, impl), {"__module__": __name__}))
+    if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
+        model, tokenizer = _load_for_pipeline(model, tokenizer, kwargs, task)
+    return make_pipeline(task, model=model, tokenizer=tokenizer, **kwargs)
+
+
+#: The transformers pipeline class (less "Pipeline") of each other head's task.
+_HEADS = {"fill-mask": "FillMask", "text-classification": "TextClassification", "token-classification": "TokenClassification"}
+
+
+def check_question_answering_config(config: dict, source: Any, task: str = TASK) -> None:
+    """Raise `ValueError` in one line when the ``config.json`` values ``config`` of checkpoint ``source`` hold no
+    ``task`` model: another model type (GPT-2, BERT), or a Cluster-Former model of another head (new and random)."""
+    kind, heads = config.get("model_type"), config.get("architectures") or []
+    wanted = {"fill-mask": "MaskedLM", "text-classification": "SequenceClassification"}.get(task, _HEADS.get(task, "QuestionAnswering"))
+    if kind not in (None, "clusterformer", "roberta"):
+        raise ValueError(f"{source} is a {kind!r} checkpoint, not a Cluster-Former one; give a Cluster-Former "
+                         f"{'QA ' if task == TASK else ''}checkpoint (a RoBERTa or BERT-family one converted by "
+                         f"`clusterformer convert SRC OUT{'' if task == TASK else ' --task ' + task}`).")
+    other = [h for h in heads if str(h).startswith("ClusterFormerFor") and not h.endswith(wanted)]
+    if other and len(other) == len(heads):
+        head = other[0].removeprefix("ClusterFormerFor")
+        own = {"MaskedLM": "fill-mask", "QuestionAnswering": TASK}.get(head, re.sub(r"(?<!^)(?=[A-Z])", "-", head).lower())
+        what = "masked-LM" if head == "MaskedLM" else own
+        fix = (f"load it with transformers.AutoModelFor{head}, or fine-tune a QA model from it with `clusterformer "
+               f"train --model_name_or_path {source} --train_file ...`" if task == TASK else
+               f"use it with task={own!r}, or fine-tune a {task} model from it")
+        raise ValueError(f"{source} holds a {what} model ({other[0]}), not a {task} one, so it has no {task} head "
+                         f"to {'answer' if task == TASK else 'run'} with: {fix}.")
+
+
+def _load_for_pipeline(path: Any, tokenizer: Any, kwargs: dict, task: str = TASK) -> tuple[Any, Any]:
+    """The ``task`` model of a checkpoint, its weights that the checkpoint lacks marked as untrained; one that cannot
+    be found fails at once (`check_checkpoint_source`), one with no ``task`` model in one line."""
+    from transformers import PretrainedConfig
+
+    path = check_checkpoint_source(path, "model")
+    hub = {name: kwargs[name] for name in ("revision", "token", "trust_remote_code") if name in kwargs}
+    check_question_answering_config(PretrainedConfig.get_config_dict(path, **{
+        k: v for k, v in hub.items() if k != "trust_remote_code"})[0], path, task)
+    options = {**hub, **dict(kwargs.pop("model_kwargs", None) or {})}
+    if "dtype" in kwargs:
+        options["dtype"] = kwargs.pop("dtype")
+    auto = hf_pipelines.SUPPORTED_TASKS[task]["pt"][0] if task != TASK else AutoModelForQuestionAnswering
+    model, info = auto.from_pretrained(path, output_loading_info=True, **options)
+    mark_untrained(model, [key for key in info["missing_keys"] if ".router." not in key])
+    return model, tokenizer if tokenizer is not None else path
+
+
+__all__ = [
+    "pipeline",
+    "register_pipeline",
+]

@@ -146,6 +146,7 @@ def _load_qa_model(path: str, max_context_length: int | None = None, command: st
     from transformers import AutoTokenizer
 
     from hf_clusterformer.conversion import load_qa_model
+    from hf_clusterformer.features import check_tokenizer_fits
 
     check_model_path(path)
     check_cluster_former(path, command)
@@ -158,6 +159,7 @@ def _load_qa_model(path: str, max_context_length: int | None = None, command: st
                 "tokenizer.save_pretrained, or write the checkpoint with `clusterformer convert`."
             )
         tokenizer = AutoTokenizer.from_pretrained(path)
+        check_tokenizer_fits(tokenizer, model.config, path)
     except SafetensorError as error:
         raise CommandError(_weights_error(path, error)) from error
     except (OSError, ValueError, json.JSONDecodeError) as error:

@@ -189,6 +189,33 @@ def test_predict_takes_a_bert_qa_checkpoint_once_converted(work, capsys):
     assert answer["answer"] == CONTEXT[answer["start"]:answer["end"]] and answer["answer"]
 
 
+def test_a_bert_tokenizer_with_a_roberta_based_model_is_one_line(work, converted, capsys):
+    """A BERT tokenizer (``[SEP]``, token type 1 for the context) beside a RoBERTa-based model: predict and train say
+    so in one line, and the model itself names token types it does not have (no IndexError inside torch)."""
+    import shutil
+
+    words = sorted({w.strip(".,?").lower() for w in " ".join([*SENTENCES, QUESTION]).split()})
+    bert = BertTokenizerFast(vocab={t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", ".", ",", "?", *words])})
+    mixed = work / "mixed-tokenizer"
+    shutil.copytree(converted, mixed)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt"):
+        (mixed / name).unlink(missing_ok=True)
+    bert.save_pretrained(mixed)
+    question = ["--question", QUESTION, "--context-file", str(work / "context.txt"), "--allow-untrained"]
+    _error(capsys, ["predict", str(mixed), *question], f"tokenizer of {mixed}", "ends the question with id 3 ([SEP])",
+           "the tokenizer saved with the model")
+    data = squad_jsonl(work / "mixed.jsonl", QUESTION, CONTEXT, "Tarsk", 2)
+    _error(capsys, ["train", "--model_name_or_path", str(converted), "--tokenizer_name", str(mixed), "--train_file",
+                    str(data), "--output_dir", str(work / "mixed-run"), "--max_steps", "1", "--report_to", "none",
+                    "--use_cpu", "--do_train"], f"tokenizer of {mixed}")
+    assert not (work / "mixed-run" / "model.safetensors").exists()
+    model = ClusterFormerForQuestionAnswering.from_pretrained(converted).eval()
+    encoding = bert(QUESTION, CONTEXT, return_tensors="pt")
+    assert model.config.type_vocab_size == 1 and int(encoding["token_type_ids"].max()) == 1
+    with pytest.raises(ValueError, match=r"token_type_ids holds type 1, but the model has 1 token type \(0\.\.0\)"):
+        model(**encoding)
+
+
 # -- saved folders that work without the package ----------------------------------------------------------------------
 
 

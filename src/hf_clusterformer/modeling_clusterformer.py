@@ -1197,6 +1197,7 @@ def locate_rows(
     input_format: str = "pair",
     read_back: bool = True,
     is_separator: torch.Tensor | None = None,
+    token_type_ids: torch.Tensor | None = None,
 ) -> tuple[list[int] | None, list[int] | None, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Validate a batch and locate every example in it (what every forward pass and the exported runner do first).
 
@@ -1210,6 +1211,7 @@ def locate_rows(
             None and nothing is checked.
         is_separator: optional (B, T) bool, where the separators are (default: ``input_ids == separator id``, and
             the ids are checked against the vocabulary).
+        token_type_ids: optional (B, T) token types, checked against ``config.type_vocab_size``.
 
     Returns:
         Per example, as Python ints: prefix lengths and real lengths (prefix + context); and as (B,) tensors:
@@ -1239,9 +1241,13 @@ def locate_rows(
         return None, None, prefix, lengths, starts, single
     last = (starts + lengths - 1).clamp(min=0).unsqueeze(1)
     context = lengths - prefix - torch.gather(is_sep, 1, last).squeeze(1).long()  # without the closing separator
-    stats = row_facts(ids, prefix, lengths, question, context, one_block, found).tolist()  # one read-back
-    if len(stats) > 6:
-        check_token_ids(config, stats[6][0], stats[7][0])
+    stats = row_facts(ids, prefix, lengths, question, context, one_block, found, token_type_ids).tolist()  # one read
+    bounds = [row[0] for row in stats[6:]]
+    if ids is not None and ids.numel() > 0:
+        check_token_ids(config, *bounds[:2])
+        bounds = bounds[2:]
+    if bounds:
+        check_token_types(config, *bounds)
     check_rows(config, *stats[1:6], "input_ids" if is_separator is None else "inputs_embeds")
     return stats[0], stats[1], prefix, lengths, starts, single
 
@@ -1265,14 +1271,15 @@ def real_tokens(
 
 def row_facts(
     input_ids: torch.Tensor | None, prefix: torch.Tensor, lengths: torch.Tensor, question: torch.Tensor,
-    context: torch.Tensor, one_block: torch.Tensor, found: torch.Tensor,
+    context: torch.Tensor, one_block: torch.Tensor, found: torch.Tensor, token_type_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """(6, B) or (8, B) long: the (B,) row facts stacked to come back in one transfer, plus two rows holding the
-    smallest and largest id of ``input_ids`` (when given) for the vocabulary check."""
+    """(6 + 2n, B) long: the (B,) row facts stacked to come back in one transfer, then two rows (smallest, largest)
+    for each of ``input_ids`` and ``token_type_ids`` that is given and not empty, for the vocabulary checks."""
     stats = torch.stack([prefix, lengths, question, context, one_block.long(), found.long()])
-    if input_ids is not None and input_ids.numel() > 0:
-        bounds = torch.stack([input_ids.min(), input_ids.max()]).to(stats.dtype)
-        stats = torch.cat([stats, bounds.view(2, 1).expand(2, prefix.shape[0])])
+    for values in (input_ids, token_type_ids):
+        if values is not None and values.numel() > 0:
+            bounds = torch.stack([values.min(), values.max()]).to(stats.dtype)
+            stats = torch.cat([stats, bounds.view(2, 1).expand(2, prefix.shape[0])])
     return stats
 
 
@@ -1296,6 +1303,16 @@ def check_token_ids(config: ClusterFormerConfig, low: int, high: int) -> None:
     if low < 0 or high >= config.vocab_size:
         raise ValueError(f"input_ids holds token id {low if low < 0 else high}, outside the vocabulary "
                          f"(0..{config.vocab_size - 1}); encode the text with this model's tokenizer.")
+
+
+def check_token_types(config: ClusterFormerConfig, low: int, high: int) -> None:
+    """The smallest and largest token type lie within ``config.type_vocab_size``, else one line naming the type."""
+    if low < 0 or high >= config.type_vocab_size:
+        raise ValueError(
+            f"token_type_ids holds type {low if low < 0 else high}, but the model has {config.type_vocab_size} token "
+            f"type{'s' if config.type_vocab_size != 1 else ''} (0..{config.type_vocab_size - 1}); encode the text with "
+            "this model's tokenizer (a BERT-style tokenizer marks the context with type 1), or pass no token_type_ids."
+        )
 
 
 def check_rows(config: ClusterFormerConfig, lengths: list[int], questions: list[int], contexts: list[int],
@@ -1393,16 +1410,17 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
         question_lengths: torch.Tensor | list[int] | None,
         input_format: str = "pair",
         read_back: bool = True,
+        token_type_ids: torch.Tensor | None = None,
     ) -> tuple[list[int] | None, list[int] | None, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """`locate_rows` of ``input_ids``, or of ``inputs_embeds`` (B, T, d), whose separators are the rows equal to
-        the separator's word embedding."""
+        the separator's word embedding; ``token_type_ids`` (B, T) are checked too."""
         check_input_tensors(input_ids, inputs_embeds)
         is_separator = None
         if inputs_embeds is not None:
             separator = self.embeddings.word_embeddings.weight[self.config.separator_token_id]
             is_separator = (inputs_embeds == separator.to(inputs_embeds.dtype)).all(dim=-1)
         return locate_rows(self.config, input_ids if input_ids is not None else inputs_embeds[..., 0], attention_mask,
-                           question_lengths, input_format, read_back, is_separator)
+                           question_lengths, input_format, read_back, is_separator, token_type_ids)
 
     # -- forward ------------------------------------------------------------------------------------------------
 
@@ -1431,7 +1449,7 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
             `ClusterFormerModelOutput`.
         """
         options = self._forward_options(kwargs)
-        layout, sizes, single = self._layout_batch(input_ids, inputs_embeds, attention_mask, options)
+        layout, sizes, single = self._layout_batch(input_ids, inputs_embeds, attention_mask, options, token_type_ids)
         length = (input_ids if input_ids is not None else inputs_embeds).shape[1]
         states = self._embed_windows(input_ids, inputs_embeds, token_type_ids, layout, single)
         encoded = self.encoder(
@@ -1483,7 +1501,7 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
 
     def _layout_batch(
         self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, attention_mask: torch.Tensor | None,
-        options: dict,
+        options: dict, token_type_ids: torch.Tensor | None = None,
     ) -> tuple[WindowLayout, BatchSizes, torch.Tensor]:
         """Locate every row (`_locate_inputs`) and lay out its windows with the batch's `BatchSizes` (or the given
         ones): -> (the (B, K, S) layout, the sizes, (B,) bool single-text rows)."""
@@ -1491,7 +1509,7 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
         size, stride = config.window_size, config.window_stride
         prefixes, totals, prefix, lengths, starts, single = self._locate_inputs(
             input_ids, inputs_embeds, attention_mask, options["question_lengths"], options["input_format"],
-            read_back=sizes is None or not sizes.bounds,
+            read_back=sizes is None or not sizes.bounds, token_type_ids=token_type_ids,
         )
         if sizes is None:
             sizes = BatchSizes.of_rows(config, prefixes, totals)

@@ -33,8 +33,14 @@ from .callback import CentroidUpdateCallback, FiniteTrainingCallback
 from .centroid_updates import SMALL_MODEL_CENTROIDS, CentroidUpdateSettings
 from .configuration_clusterformer import LAYER_KIND_SHORTCUTS, ClusterFormerConfig, required_position_embeddings
 from .data import build_tokenizer, load_multipassage_dataset, squad_features
-from .features import misplaced_answers, postprocess_predictions, prepare_train_features, prepare_validation_features
 from .conversion import ModelOption, check_centroid_memory, check_context_length, load_qa_model, model_options
+from .features import (
+    check_tokenizer_fits,
+    misplaced_answers,
+    postprocess_predictions,
+    prepare_train_features,
+    prepare_validation_features,
+)
 from .hub import RESULT_FILES, check_result_files, write_checkpoint
 from .metrics import load_squad_metric
 from .modelcard import run_card_data
@@ -556,6 +562,8 @@ def _run(model_args, data_args, centroid_args, training_args, callbacks, name: s
     tokenizer = load_tokenizer(model_args, data_args, raw, training_args.output_dir)
     set_seed(training_args.seed)  # before the model: a from-scratch initialisation follows --seed
     model = load_model(model_args, data_args, tokenizer, seed=training_args.seed)
+    if model_args.model_name_or_path or model_args.tokenizer_name:
+        check_tokenizer_fits(tokenizer, model.config, model_args.tokenizer_name or model_args.model_name_or_path)
     logger.info("model: %s", model.config.layer_kinds)
     if data_args.max_seq_length is None:  # the model's own limit: nothing is cut that the model could read
         data_args.max_seq_length = model.config.max_input_length

@@ -35,6 +35,7 @@ __all__ = [
     "MODEL_MARKER_FILES",
     "RESULT_FILES",
     "TOKENIZER_FILES",
+    "file_sha256",
     "ModelFolderExistsError",
     "apply_default_modes",
     "card_state",
@@ -234,7 +235,8 @@ def output_folder(path: str | os.PathLike) -> Path:
     return path.resolve() if path.is_symlink() else path
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of the file at ``path``, hex."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
@@ -272,7 +274,7 @@ def written_by_library(folder: str | os.PathLike, name: str, record: dict[str, s
         return is_trainer_checkpoint(path)
     record = library_files(folder) if record is None else record
     try:
-        return name in record and _sha256(path) == record[name]
+        return name in record and file_sha256(path) == record[name]
     except OSError:
         return False
 
@@ -437,7 +439,7 @@ def _put_in_place(staging: Path, target: Path, replace_model: bool) -> None:
     file_mode, folder_mode = default_mode(), default_mode(directory=True)
     aside = Path(tempfile.mkdtemp(prefix=".replaced-", dir=staging))
     names = sorted(p.name for p in staging.iterdir() if p != aside and p.name != OWN_FILES_RECORD)
-    written = {name: _sha256(staging / name) for name in names if (staging / name).is_file()}
+    written = {name: file_sha256(staging / name) for name in names if (staging / name).is_file()}
     if replace_model:  # the old model's own files that the new one does not write
         for name in sorted(os.listdir(target)):
             if name in names or name.startswith(STAGING_PREFIX) or name == OWN_FILES_RECORD:

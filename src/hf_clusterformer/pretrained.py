@@ -14,7 +14,6 @@ carrying the weights to a machine without network access; `fetch_pretrained` acc
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -25,7 +24,13 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from hf_clusterformer_files import ModelFolderExistsError, apply_default_modes, check_output_dir, writing_model_dir
+from hf_clusterformer_files import (
+    ModelFolderExistsError,
+    apply_default_modes,
+    check_output_dir,
+    file_sha256,
+    writing_model_dir,
+)
 
 __all__ = [
     "PRETRAINED_SOURCES",
@@ -87,14 +92,6 @@ def default_cache_dir() -> Path:
     return Path(base) / "hf_clusterformer"
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _source(name: str) -> PretrainedSource:
     if name not in PRETRAINED_SOURCES:
         raise ValueError(f"unknown pretrained model {name!r}; choose from {sorted(PRETRAINED_SOURCES)}.")
@@ -118,7 +115,7 @@ def verify_pretrained(path: str | os.PathLike, name: str = "all-MiniLM-L6-v2") -
         if manifest.get("source_sha256") != source.weights_sha256:
             raise PretrainedUnavailableError(f"{manifest_file} names another source than {source.origin}.")
         expected = manifest["sha256"]
-    actual = _sha256(path / "model.safetensors")
+    actual = file_sha256(path / "model.safetensors")
     if actual != expected:
         raise PretrainedUnavailableError(
             f"{path / 'model.safetensors'} has sha256 {actual}, expected {expected}; delete {path} and fetch again."
@@ -228,7 +225,7 @@ def pack_pretrained(
         save_file(half, staging / "model.safetensors", metadata={"format": "pt"})
         manifest = {"origin": source.origin, "requirement": source.requirement, "license": source.license,
                     "source_sha256": source.weights_sha256, "dtype": "float16",
-                    "sha256": _sha256(staging / "model.safetensors")}
+                    "sha256": file_sha256(staging / "model.safetensors")}
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         apply_default_modes(staging)
     return dst

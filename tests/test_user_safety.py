@@ -275,6 +275,23 @@ def test_question_answering_task_once_registered(converted, tmp_path):
     )
 
 
+def test_another_heads_pipeline_on_a_folder_says_its_head_is_untrained(converted, caplog):
+    """transformers.pipeline of another head on a QA folder builds that head at random: loading says so in one line
+    naming the drawn weights, and records them as untrained (this package's checks refuse them)."""
+    import logging
+
+    from transformers import pipeline
+
+    from hf_clusterformer.modeling_clusterformer import untrained_weights
+
+    with caplog.at_level(logging.WARNING, logger="hf_clusterformer"):
+        fill = pipeline("fill-mask", model=str(converted))
+    said = [r.getMessage() for r in caplog.records if "drawn at random" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("ClusterFormerForMaskedLM: the checkpoint has no weights for lm_head.")
+    assert "fine-tune it first" in said[0]
+    assert any(name.startswith("lm_head.") for name in untrained_weights(fill.model))
+
+
 def test_every_card_snippet_runs(tmp_path, tokenizer):
     """The plugin snippet runs with the package, as printed; the other where it cannot be imported, without a
     prompt."""

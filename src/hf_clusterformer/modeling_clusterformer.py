@@ -1054,10 +1054,20 @@ def _record_new_weights(model: nn.Module, missing_keys) -> None:
     """Record the parameters `from_pretrained` initialised because the checkpoint lacks them (router buffers aside)
     as untrained in ``model.config`` (`mark_untrained`), with those recorded before that are still untrained, so that
     a head drawn at load and saved as it is (through the Auto classes too) is known as untrained: export and the QA
-    pipeline refuse it until the weights change. A checkpoint's own copy of this file records the same way."""
+    pipeline refuse it until the weights change. A checkpoint's own copy of this file records the same way.
+
+    A head drawn at load is also said in one warning, for callers that check nothing (``transformers.pipeline`` of
+    another head on a folder)."""
     new = [key for key in missing_keys if ".router." not in key]
     if new:
         mark_untrained(model, sorted(set(new) | set(untrained_weights(model))))
+    head = sorted(key for key in new if not key.startswith(f"{model.base_model_prefix}."))
+    if head:
+        logger.warning(
+            f"{type(model).__name__}: the checkpoint has no weights for {', '.join(head[:4])}"
+            f"{', ...' if len(head) > 4 else ''}, so this head was drawn at random and its outputs mean nothing until "
+            "it is trained; fine-tune it first, or load the class of the checkpoint's own head."
+        )
 
 
 class ClusterFormerPreTrainedModel(RobertaPreTrainedModel):

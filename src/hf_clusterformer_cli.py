@@ -19,15 +19,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from hf_clusterformer_cli_support import (
-    HEAD_TASKS,
     MAX_CONTEXT_LENGTH,
     CommandError,
     OneLineParser,
     add_option_flags,
-    architectures_task,
     convert_command,
 )
 from hf_clusterformer_files import TOKENIZER_FILES
+from hf_clusterformer_heads import architectures_task, find_head, head_tasks
 
 
 def _positive_int(value: str) -> int:
@@ -325,7 +324,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as error:
         raise CommandError(f"could not convert {args.source}: {error}") from error
     config = converted.config
-    task = next(name for name, (key, _) in HEAD_TASKS.items() if key == converted.task)
+    task = find_head(converted.task).task
     print(f"wrote {converted.path}, a {task} model, from a {converted.source_type} checkpoint (layers "
           f"{config.layer_kinds}, {config.num_clusters} clusters, windows {config.window_size}/{config.window_stride})")
     if converted.newly_initialized:
@@ -497,7 +496,7 @@ def _add_convert(commands: argparse._SubParsersAction, model_options: bool) -> N
     convert.add_argument("--overwrite", action="store_true",
                          help="replace a model already in OUTPUT_DIR, and files of yours with a model file's name (other "
                          "files are kept)")
-    convert.add_argument("--task", choices=tuple(HEAD_TASKS), default=None,
+    convert.add_argument("--task", choices=head_tasks(), default=None,
                          help="the head to build (default: a Cluster-Former source's own, else question-answering); a "
                               "head the source lacks is new: it needs --allow-untrained")
     convert.add_argument("--allow-untrained", action="store_true",

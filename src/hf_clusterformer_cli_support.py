@@ -1,10 +1,11 @@
 """The error type and argument parser shared by the ``clusterformer`` command and ``hf_clusterformer.modelcard``, the
 command-line flags of a table of options (the command's and the scripts' model options), and what the command checks
-before importing torch: the context-length limit and the heads by task. (Which files of a folder a model owns: `hf_clusterformer_files`.)
+before importing torch: the context-length limit and the command that converts a checkpoint keeping its head. (Which
+files of a folder a model owns: `hf_clusterformer_files`; the heads: `hf_clusterformer_heads`.)
 
-A top-level module with no imports beyond the standard library, on the bottom floor (see ARCHITECTURE.md): the
-command imports it without importing ``hf_clusterformer`` (torch, transformers), and the card generator imports it
-without importing the command.
+A top-level module with no imports beyond the standard library and `hf_clusterformer_heads`, on the bottom floor (see
+ARCHITECTURE.md): the command imports it without importing ``hf_clusterformer`` (torch, transformers), and the card
+generator imports it without importing the command.
 """
 
 from __future__ import annotations
@@ -13,41 +14,19 @@ import argparse
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NoReturn
 
+from hf_clusterformer_heads import architectures_task
+
 __all__ = [
-    "HEAD_TASKS",
     "MAX_CONTEXT_LENGTH",
     "CommandError",
     "OneLineParser",
     "add_option_flags",
-    "architectures_task",
     "convert_command",
 ]
 
 #: Most context tokens a converted or loaded model may be set to take: 16M tokens, far beyond what one forward pass
 #: fits in memory (``max_context_length``; here so that the command's usage errors need no torch).
 MAX_CONTEXT_LENGTH = 1 << 24
-
-
-#: The heads by pipeline task (what ``clusterformer convert --task`` takes and a card's ``pipeline_tag`` says): the
-#: ``task`` key of `hf_clusterformer.conversion.convert_checkpoint` (`hf_clusterformer.hub.TASK_CLASSES`) and the ends
-#: of the model class names (Cluster-Former's, RoBERTa's, BERT's) that hold that head.
-HEAD_TASKS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "question-answering": ("qa", ("ForQuestionAnswering",)),
-    "fill-mask": ("mlm", ("ForMaskedLM", "ForPreTraining")),
-    "text-classification": ("sequence-classification", ("ForSequenceClassification",)),
-    "token-classification": ("token-classification", ("ForTokenClassification",)),
-    "multiple-choice": ("multiple-choice", ("ForMultipleChoice",)),
-}
-
-
-def architectures_task(architectures: Iterable[str] | None) -> str | None:
-    """The pipeline task (`HEAD_TASKS`) of the head of the first class in ``architectures`` (a config's), or ``None``
-    for a plain encoder (``RobertaModel``, ``ClusterFormerModel``) or no class."""
-    for name in list(architectures or [])[:1]:
-        for task, (_, endings) in HEAD_TASKS.items():
-            if name.endswith(endings):
-                return task
-    return None
 
 
 def convert_command(path: object, architectures: Iterable[str] | None) -> str:

@@ -152,12 +152,12 @@ def test_multiple_choice_exports_take_any_choice_count_and_length(exported_choic
 def test_every_head_drawn_at_load_and_saved_through_the_auto_classes_is_refused(tmp_path, capsys):
     """A head (or the base model's pooler) that loading drew because the checkpoint lacks it is recorded as untrained,
     so a folder saved from it does not export without --allow-untrained; once its weights change, it does."""
-    from hf_clusterformer.hub import HEAD_AUTO_CLASSES
     from hf_clusterformer.modeling_clusterformer import untrained_weights
+    from hf_clusterformer_heads import HEADS
 
     torch.manual_seed(0)
     ClusterFormerModel(tiny_config(), add_pooling_layer=False).save_pretrained(tmp_path / "encoder")
-    auto_classes = {**HEAD_AUTO_CLASSES, ClusterFormerModel.__name__: "AutoModel"}
+    auto_classes = {**{head.class_name: head.auto_class for head in HEADS}, ClusterFormerModel.__name__: "AutoModel"}
     assert set(auto_classes) == set(EXPORT_CLASSES)
     for name, auto_class in auto_classes.items():
         model = getattr(transformers, auto_class).from_pretrained(tmp_path / "encoder")

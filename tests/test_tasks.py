@@ -29,11 +29,11 @@ from transformers import (
 from hf_clusterformer import ClusterFormerModel
 from hf_clusterformer.conversion import ConversionTaskError, convert_checkpoint
 from hf_clusterformer.data.tokenizer import build_tokenizer
-from hf_clusterformer.hub import TASK_CLASSES
 from hf_clusterformer.modelcard import default_widget, make_model_card
+from hf_clusterformer import modeling_clusterformer
 from hf_clusterformer.modeling_clusterformer import untrained_weights
 from hf_clusterformer_cli import build_parser, main
-from hf_clusterformer_cli_support import HEAD_TASKS
+from hf_clusterformer_heads import HEADS, find_head, head_tasks
 
 from helpers import tiny_config
 
@@ -84,7 +84,7 @@ def sources(work, tokenizer) -> dict[str, Path]:
 def converted(work, sources) -> dict[str, Path]:
     """``clusterformer convert SOURCE OUT --task TASK`` of each head's RoBERTa checkpoint."""
     paths = {}
-    for task in HEAD_TASKS:
+    for task in head_tasks():
         paths[task] = work / f"cf-{task}"
         assert main(["convert", str(sources[task]), str(paths[task]), "--task", task, *SMALL]) == 0
     return paths
@@ -109,18 +109,18 @@ def _config(path: Path) -> dict:
 
 
 def test_task_names_are_pipeline_tasks_mapped_to_convert_checkpoint_keys():
-    assert {key for key, _ in HEAD_TASKS.values()} == set(TASK_CLASSES)
+    assert all(find_head(head.key) is head for head in HEADS)
     convert = build_parser(model_options=True)._subparsers._group_actions[0].choices["convert"]
     (task,) = [action for action in convert._actions if action.dest == "task"]
-    assert task.choices == tuple(HEAD_TASKS) and task.default is None
+    assert task.choices == head_tasks() and task.default is None
 
 
 def test_convert_keeps_each_sources_head(converted, sources, capsys):
     for task, folder in converted.items():
-        (key, _) = HEAD_TASKS[task]
-        assert _config(folder)["architectures"] == [TASK_CLASSES[key].__name__]
+        model_class = getattr(modeling_clusterformer, find_head(task).class_name)
+        assert _config(folder)["architectures"] == [model_class.__name__]
         assert "untrained_weights" not in _config(folder)  # the head came from the source: nothing new
-        model = TASK_CLASSES[key].from_pretrained(folder)
+        model = model_class.from_pretrained(folder)
         source = ROBERTA_HEADS[task].from_pretrained(sources[task]).state_dict()
         weights = model.state_dict()
         for name, tensor in source.items():

@@ -10,17 +10,13 @@ Training-only parts (the `Trainer` callback, the centroid updater) and the Hub f
 inference never imports them.
 """
 
-from transformers import (
-    AutoConfig,
-    AutoModel,
-    AutoModelForMaskedLM,
-    AutoModelForMultipleChoice,
-    AutoModelForQuestionAnswering,
-    AutoModelForSequenceClassification,
-    AutoModelForTokenClassification,
-)
+import transformers
+from transformers import AutoConfig, AutoModel
+
+import hf_clusterformer_heads
 
 from .configuration_clusterformer import ClusterFormerConfig, default_cluster_layers, suggested_num_clusters
+from . import modeling_clusterformer
 from .modeling_clusterformer import (
     ClusterFormerForMaskedLM,
     ClusterFormerForMultipleChoice,
@@ -35,13 +31,19 @@ from .loading import pipeline, register_pipeline  # after .pipeline: the name is
 
 __version__ = "0.1.0"
 
-AutoConfig.register("clusterformer", ClusterFormerConfig, exist_ok=True)
-AutoModel.register(ClusterFormerConfig, ClusterFormerModel, exist_ok=True)
-AutoModelForQuestionAnswering.register(ClusterFormerConfig, ClusterFormerForQuestionAnswering, exist_ok=True)
-AutoModelForMaskedLM.register(ClusterFormerConfig, ClusterFormerForMaskedLM, exist_ok=True)
-AutoModelForSequenceClassification.register(ClusterFormerConfig, ClusterFormerForSequenceClassification, exist_ok=True)
-AutoModelForTokenClassification.register(ClusterFormerConfig, ClusterFormerForTokenClassification, exist_ok=True)
-AutoModelForMultipleChoice.register(ClusterFormerConfig, ClusterFormerForMultipleChoice, exist_ok=True)
+
+
+def register_auto_classes() -> None:
+    """Register the config with ``AutoConfig``, the base model with ``AutoModel`` and every head of
+    `hf_clusterformer_heads.HEADS` with its Auto class (done on import; again after a row is added)."""
+    AutoConfig.register("clusterformer", ClusterFormerConfig, exist_ok=True)
+    AutoModel.register(ClusterFormerConfig, ClusterFormerModel, exist_ok=True)
+    for head in hf_clusterformer_heads.HEADS:
+        model_class = getattr(modeling_clusterformer, head.class_name)
+        getattr(transformers, head.auto_class).register(ClusterFormerConfig, model_class, exist_ok=True)
+
+
+register_auto_classes()
 
 #: Names loaded on first use: the training parts, cluster inspection and the Hub functions.
 _LAZY = {
@@ -82,6 +84,7 @@ __all__ = [
     "default_cluster_layers",
     "suggested_num_clusters",
     "pipeline",
+    "register_auto_classes",
     "register_pipeline",
     *_LAZY,
 ]

@@ -16,8 +16,9 @@ from typing import Any, Literal, get_args, get_origin
 import torch
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from hf_clusterformer_cli_support import HEAD_TASKS, architectures_task
+import hf_clusterformer_heads
 from hf_clusterformer_files import check_output_dir
+from hf_clusterformer_heads import Head, architectures_task, find_head
 
 from .configuration_clusterformer import (
     GLOBAL_LAYER_TYPES,
@@ -25,7 +26,8 @@ from .configuration_clusterformer import (
     ClusterFormerConfig,
     check_context_length,
 )
-from .hub import HEAD_AUTO_CLASSES, TASK_CLASSES, save_for_hub
+from . import modeling_clusterformer
+from .hub import save_for_hub
 from .loading import check_checkpoint_source
 from .modeling_clusterformer import (
     ClusterFormerForQuestionAnswering,
@@ -62,7 +64,7 @@ class ConvertedCheckpoint:
     has_tokenizer: bool = False
     #: ``model_type`` of the source checkpoint (``roberta``, ``bert`` or ``clusterformer``).
     source_type: str = "roberta"
-    #: The head built, a `TASK_CLASSES` key (``qa``, ``mlm``, ...).
+    #: The head built, its key in `hf_clusterformer_heads.HEADS` (``qa``, ``mlm``, ...).
     task: str = "qa"
     #: Cluster layers of the source whose fitted centroids the result does not carry (another layout).
     dropped_centroids: list[int] = field(default_factory=list)
@@ -145,28 +147,16 @@ _BERT_FIELDS = (
 )
 
 
-#: Where a BERT head's weights go in the RoBERTa layout, by `convert_checkpoint` task: source prefix -> target prefix
-#: (BERT's pooler + classifier is RoBERTa's classification head; its MLM transform is ``lm_head``; the decoder is
-#: tied to the word embeddings, its bias is ``cls.predictions.bias``).
-_BERT_HEADS = {
-    "qa": {"qa_outputs.": "qa_outputs."},
-    "mlm": {"cls.predictions.transform.dense.": "lm_head.dense.",
-            "cls.predictions.transform.LayerNorm.": "lm_head.layer_norm.", "cls.predictions.bias": "lm_head.bias"},
-    "sequence-classification": {"roberta.pooler.dense.": "classifier.dense.", "classifier.": "classifier.out_proj."},
-    "token-classification": {"classifier.": "classifier."},
-    "multiple-choice": {"roberta.pooler.": "roberta.pooler.", "classifier.": "classifier."},
-}
-
-
 def _bert_as_roberta(
-    src, source_config, tokenizer, hub_kwargs, task: str = "qa"
+    src, source_config, tokenizer, hub_kwargs, task: str = "question-answering"
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """A BERT-family checkpoint in the RoBERTa layout the model subclasses.
 
     RoBERTa numbers positions from ``pad_token_id + 1``, BERT from 0, so the position table gets ``pad_token_id + 1``
     leading zero rows: slot ``s`` of every window then reads BERT's row ``s``. ``[CLS]``/``[SEP]`` become the
     bos/eos ids, so the ``[CLS] Q [SEP] C [SEP]`` template is found by its one separator. The ``task`` head's
-    weights the source has are mapped by `_BERT_HEADS` (``cls.predictions`` to ``lm_head`` for ``mlm``).
+    weights the source has are mapped by its row's ``bert_weights`` (`hf_clusterformer_heads.HEADS`;
+    ``cls.predictions`` to ``lm_head`` for ``fill-mask``).
 
     Returns:
         (config values, state dict with ``roberta.*`` keys and the head's keys the source has).
@@ -174,10 +164,11 @@ def _bert_as_roberta(
     import transformers
     from transformers.utils import logging as hf_logging
 
-    if task == "mlm" and source_config.hidden_act != "gelu":
+    if task == "fill-mask" and source_config.hidden_act != "gelu":
         raise ValueError(f"{src}'s MLM head uses {source_config.hidden_act!r}; RoBERTa's LM head, which Cluster-Former "
                          "uses, applies gelu, so its logits would differ.")
-    auto_class = getattr(transformers, HEAD_AUTO_CLASSES[TASK_CLASSES[task].__name__])
+    bert_weights = find_head(task).bert_weights
+    auto_class = getattr(transformers, find_head(task).auto_class)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the head a plain encoder lacks is reported once, by the caller
     try:
@@ -205,7 +196,7 @@ def _bert_as_roberta(
             key = "roberta." + key[len("bert."):]
         if key.endswith("embeddings.position_embeddings.weight"):
             tensor = torch.cat([tensor.new_zeros(pad + 1, tensor.shape[1]), tensor])
-        head = [(old, new) for old, new in _BERT_HEADS[task].items() if key.startswith(old)]
+        head = [(old, new) for old, new in bert_weights.items() if key.startswith(old)]
         if head and key not in missing:
             state[head[0][1] + key[len(head[0][0]):]] = tensor
         elif key.startswith("roberta.") and not key.endswith("position_ids") and not key.startswith("roberta.pooler."):
@@ -237,9 +228,9 @@ def convert_checkpoint(
             with `ModelFolderExistsError` before anything is loaded.
         seed: seeds every new weight (a new head): two conversions of one source give the same checkpoint. New
             weights are recorded as untrained (`hf_clusterformer.modeling_clusterformer.mark_untrained`; refused until trained).
-        task: the head, a `TASK_CLASSES` key (``qa``, ``mlm``, ``sequence-classification``, ...) or its pipeline task
-            (`HEAD_TASKS`); a source's own head of that kind loads 1:1 (BERT's mapped by `_BERT_HEADS`). Default: a
-            Cluster-Former source's own head (a bare `ClusterFormerModel` needs a ``task``), else ``qa``.
+        task: the head, a pipeline task of `hf_clusterformer_heads.HEADS` (``fill-mask``, ...) or its key (``mlm``,
+            ...); a source's own head of that kind loads 1:1 (BERT's mapped by its ``bert_weights``). Default: a
+            Cluster-Former source's own head (a bare `ClusterFormerModel` needs a ``task``), else question answering.
         allow_untrained: build a head the source lacks (or holds untrained); without it, `ConversionTaskError`.
         options: the Cluster-Former options (`model_options`:
             ``layer_kinds``, ``cluster_layers``, ``num_clusters``, ``window_size``, ...); one left out or ``None``
@@ -250,7 +241,7 @@ def convert_checkpoint(
     not fit the source). `TypeError`: not a model option.
     """
     src = check_checkpoint_source(src, "src")
-    task = _task_key(task)
+    task = _pipeline_task(task)
     check_output_dir(dst, overwrite)
     options = _conversion_options(options)
     hub_kwargs = {"revision": revision, "token": token}
@@ -272,7 +263,7 @@ def convert_checkpoint(
     hub_id = {} if Path(src).exists() else {"base_model": str(src)}
     save_for_hub(model, loaded_tokenizer, dst, card_data={**hub_id, **dict(card_data or {})}, overwrite=overwrite)
     return ConvertedCheckpoint(Path(dst), model.config, newly_initialized, loaded_tokenizer is not None, source.model_type,
-                               task, dropped)
+                               find_head(task).key, dropped)
 
 
 def _dropped_centroids(src: str | os.PathLike, model: PreTrainedModel) -> list[int]:
@@ -288,39 +279,33 @@ def _dropped_centroids(src: str | os.PathLike, model: PreTrainedModel) -> list[i
     return dropped
 
 
-#: The `TASK_CLASSES` key of each pipeline task (`HEAD_TASKS`), and back.
-_TASK_KEYS = {name: key for name, (key, _) in HEAD_TASKS.items()}
-_PIPELINE_TASKS = {key: name for name, key in _TASK_KEYS.items()}
-#: How the messages name each head.
-_HEAD_NAMES = {"qa": "question-answering", "mlm": "masked-LM", "sequence-classification": "sequence-classification",
-               "token-classification": "token-classification", "multiple-choice": "multiple-choice"}
+def _pipeline_task(task: str | None) -> str | None:
+    """A ``task`` given to `convert_checkpoint` as its pipeline task (a head's key, ``qa``, ``mlm``, ..., is taken
+    too)."""
+    head = find_head(task) if task is not None else None
+    if task is None or (head is not None and task != head.class_name):
+        return head and head.task
+    keys = ", ".join(head.key for head in hf_clusterformer_heads.HEADS)
+    tasks = ", ".join(head.task for head in hf_clusterformer_heads.HEADS)
+    raise ValueError(f"task must be one of {keys} (or {tasks}), got {task!r}.")
 
 
-def _task_key(task: str | None) -> str | None:
-    """A ``task`` given to `convert_checkpoint` as its `TASK_CLASSES` key (a pipeline task name is taken too)."""
-    if task is None or task in TASK_CLASSES:
-        return task
-    if task in _TASK_KEYS:
-        return _TASK_KEYS[task]
-    raise ValueError(f"task must be one of {', '.join(TASK_CLASSES)} (or {', '.join(_TASK_KEYS)}), got {task!r}.")
-
-
-def _spelt(key: str, command: bool) -> str:
-    """A task as the library (``task='mlm'``) or the command (``--task fill-mask``) takes it."""
-    return f"--task {_PIPELINE_TASKS[key]}" if command else f"task={key!r}"
+def _spelt(head: Head, command: bool) -> str:
+    """A head as the library (``task='mlm'``) or the command (``--task fill-mask``) takes it."""
+    return f"--task {head.task}" if command else f"task={head.key!r}"
 
 
 def _source_task(source: PretrainedConfig, src: str | os.PathLike) -> str:
     """The default head of a conversion: a Cluster-Former source's own (`ConversionTaskError` for a bare
-    `ClusterFormerModel`), else ``qa``."""
+    `ClusterFormerModel`), else question answering."""
     if source.model_type != ClusterFormerConfig.model_type or not source.architectures:
-        return "qa"
+        return "question-answering"
     own = architectures_task(source.architectures)
     if own is not None:
-        return _TASK_KEYS[own]
+        return own
 
     def message(command: bool) -> str:
-        choices = ", ".join(_spelt(key, command) for key in TASK_CLASSES)
+        choices = ", ".join(_spelt(head, command) for head in hf_clusterformer_heads.HEADS)
         return (f"{src} holds a {source.architectures[0]}, which has no head to keep; name the head to build ({choices}), "
                 f"and {'--allow-untrained' if command else 'allow_untrained=True'}: it is new.")
 
@@ -332,8 +317,8 @@ def _untrained_head_error(
 ) -> ConversionTaskError:
     """The refusal of a head the source lacks (``new`` weights) or holds untrained: what, and the two ways on."""
     own = architectures_task(source.architectures)
-    own = _TASK_KEYS[own] if own is not None and _TASK_KEYS[own] != task else None
-    head = _HEAD_NAMES[task]
+    own = find_head(own) if own is not None and own != task else None
+    head = find_head(task).name
 
     def message(command: bool) -> str:
         flag = "--allow-untrained" if command else "allow_untrained=True"
@@ -341,7 +326,7 @@ def _untrained_head_error(
             return (f"the {head} head of {src} ({', '.join(untrained)}) was never trained; train it first, or pass "
                     f"{flag} to convert it as it is.")
         return (f"{src} has no {head} head: {', '.join(untrained)} would be new, untrained weights"
-                + (f" (its own head is {_HEAD_NAMES[own]}: {_spelt(own, command)} keeps it)" if own else "")
+                + (f" (its own head is {own.name}: {_spelt(own, command)} keeps it)" if own else "")
                 + f"; pass {flag} to convert it for fine-tuning.")
 
     return ConversionTaskError(message(False), message(True))
@@ -351,7 +336,7 @@ def _check_qa_outputs(source: PretrainedConfig, src: str | os.PathLike, task: st
     """A question-answering source whose head gives other than 2 outputs (start, end) per token cannot become a QA
     model (its ``qa_outputs`` would load as they are and the logits mean something else): `ValueError`, one line."""
     outputs = getattr(source, "num_labels", 2)
-    if task == "qa" and architectures_task(source.architectures) == "question-answering" and outputs != 2:
+    if task == "question-answering" == architectures_task(source.architectures) and outputs != 2:
         raise ValueError(f"{src}'s question-answering head gives {outputs} outputs per token (num_labels={outputs}), "
                          "not the 2 (start, end) a QA model reads; convert a question-answering checkpoint whose "
                          "head has 2 outputs, or name another head with --task.")
@@ -414,10 +399,12 @@ def _merged_config(values: Mapping[str, Any], options: Mapping[str, Any]) -> Clu
     return ClusterFormerConfig.from_dict(dict(values), **options)
 
 
-def _converted_model(src, source, tokenizer, options, hub_kwargs, task: str = "qa") -> tuple[PreTrainedModel, list[str]]:
-    """The Cluster-Former model of a source checkpoint with the ``task`` head (`TASK_CLASSES`), and the names of its
-    parameters the source lacks (the router buffers excluded)."""
-    model_class = TASK_CLASSES[task]
+def _converted_model(
+    src, source, tokenizer, options, hub_kwargs, task: str = "question-answering"
+) -> tuple[PreTrainedModel, list[str]]:
+    """The Cluster-Former model of a source checkpoint with the head of the pipeline ``task``
+    (`hf_clusterformer_heads.HEADS`), and the names of its parameters the source lacks (the router buffers excluded)."""
+    model_class = getattr(modeling_clusterformer, find_head(task).class_name)
     state = None
     if source.model_type == "bert":
         values, state = _bert_as_roberta(src, source, tokenizer, hub_kwargs, task)
@@ -431,7 +418,7 @@ def _converted_model(src, source, tokenizer, options, hub_kwargs, task: str = "q
         )
         mismatched = [key for key, *_ in info["mismatched_keys"]]
         own = architectures_task(source.architectures or [])
-        other_head = [k for k in mismatched if own is not None and _TASK_KEYS[own] != task and not k.startswith("roberta.")]
+        other_head = [k for k in mismatched if own not in (None, task) and not k.startswith("roberta.")]
         stray = [key for key in mismatched if ".router." not in key and key not in other_head]
         if stray:
             raise ValueError(f"{src} has tensors of other shapes than its config: {', '.join(stray)}.")

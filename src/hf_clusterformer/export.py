@@ -28,6 +28,7 @@ import os
 import logging
 import tempfile
 import zipfile
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,17 +38,17 @@ from safetensors import SafetensorError
 from torch import nn
 
 from hf_clusterformer_cli_support import convert_command
+import hf_clusterformer_heads
 from hf_clusterformer_files import holds_model, owned_by_model
+from hf_clusterformer_heads import find_head
 
 from .configuration_clusterformer import ClusterFormerConfig
+from . import modeling_clusterformer
 from .loading import check_checkpoint_source
 from .modeling_clusterformer import (
     BatchSizes,
-    ClusterFormerForMaskedLM,
     ClusterFormerForMultipleChoice,
     ClusterFormerForQuestionAnswering,
-    ClusterFormerForSequenceClassification,
-    ClusterFormerForTokenClassification,
     ClusterFormerModel,
     ClusterFormerPreTrainedModel,
     check_input_tensors,
@@ -79,11 +80,26 @@ TRACE_WINDOWS = 3
 #: longer than the ops they replace (MiniLM, 2k tokens, 1 thread: 0.871 s with them, 0.808 s without).
 UNFUSED = ["SkipLayerNormFusion", "BiasGeluFusion"]
 
-#: The classes that export (multiple choice with (B, C, T) inputs).
-EXPORT_CLASSES = {cls.__name__: cls for cls in (
-    ClusterFormerForQuestionAnswering, ClusterFormerForSequenceClassification, ClusterFormerForTokenClassification,
-    ClusterFormerForMaskedLM, ClusterFormerForMultipleChoice, ClusterFormerModel,
-)}
+class _ExportClasses(Mapping[str, type]):
+    """The classes that export, by name: every head of `hf_clusterformer_heads.HEADS` (read when used), then the base
+    model (multiple choice with (B, C, T) inputs)."""
+
+    def _classes(self) -> dict[str, type]:
+        names = [head.class_name for head in hf_clusterformer_heads.HEADS] + [ClusterFormerModel.__name__]
+        return {name: getattr(modeling_clusterformer, name) for name in names}
+
+    def __getitem__(self, name: str) -> type:
+        return self._classes()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._classes())
+
+    def __len__(self) -> int:
+        return len(self._classes())
+
+
+#: The classes that export, by name (the heads' classes and `ClusterFormerModel`).
+EXPORT_CLASSES: Mapping[str, type] = _ExportClasses()
 
 
 class ExportError(ValueError):
@@ -92,12 +108,13 @@ class ExportError(ValueError):
 
 
 def output_names(model: ClusterFormerPreTrainedModel) -> list[str]:
-    """Names of the exported program's outputs, in order."""
-    if isinstance(model, ClusterFormerForQuestionAnswering):
-        return ["start_logits", "end_logits"] + (["answerable_logits"] if model.answerability is not None else [])
+    """Names of the exported program's outputs, in order: its head's (`hf_clusterformer_heads.HEADS`; a QA head with
+    answerability adds ``answerable_logits``), or the base model's."""
     if isinstance(model, ClusterFormerModel):
         return ["last_hidden_state", "pooler_output"]
-    return ["logits"]
+    heads = [find_head(cls.__name__) for cls in type(model).__mro__]
+    outputs = next((head.outputs for head in heads if head is not None), ("logits",))
+    return [*outputs, *(["answerable_logits"] if getattr(model, "answerability", None) is not None else [])]
 
 
 class ExportedHead(nn.Module):

@@ -41,17 +41,15 @@ from hf_clusterformer_files import (
     stamp_card,
     writing_model_dir,
 )
+import hf_clusterformer_heads
+from hf_clusterformer_heads import find_head
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.dynamic_module_utils import get_imports
 
 from .configuration_clusterformer import ClusterFormerConfig
 from .modeling_clusterformer import (
     UNTRAINED_WEIGHTS,
-    ClusterFormerForMaskedLM,
-    ClusterFormerForMultipleChoice,
     ClusterFormerForQuestionAnswering,
-    ClusterFormerForSequenceClassification,
-    ClusterFormerForTokenClassification,
     ClusterFormerModel,
     untrained_weights,
 )
@@ -60,8 +58,6 @@ from .pipeline import TASK
 __all__ = [
     "CODE_FILES",
     "PICKLE_SUFFIXES",
-    "HEAD_AUTO_CLASSES",
-    "TASK_CLASSES",
     "ModelFolderExistsError",
     "check_output_dir",
     "check_result_files",
@@ -102,34 +98,17 @@ _CUSTOM_PIPELINE = {
 }
 
 
-#: The Auto class of every Cluster-Former head.
-HEAD_AUTO_CLASSES = {
-    ClusterFormerForQuestionAnswering.__name__: "AutoModelForQuestionAnswering",
-    ClusterFormerForMaskedLM.__name__: "AutoModelForMaskedLM",
-    ClusterFormerForSequenceClassification.__name__: "AutoModelForSequenceClassification",
-    ClusterFormerForTokenClassification.__name__: "AutoModelForTokenClassification",
-    ClusterFormerForMultipleChoice.__name__: "AutoModelForMultipleChoice",
-}
-#: The head `convert_checkpoint` builds for each ``task``.
-TASK_CLASSES = {
-    "qa": ClusterFormerForQuestionAnswering,
-    "mlm": ClusterFormerForMaskedLM,
-    "sequence-classification": ClusterFormerForSequenceClassification,
-    "token-classification": ClusterFormerForTokenClassification,
-    "multiple-choice": ClusterFormerForMultipleChoice,
-}
-
-
-def hub_auto_map(question_answering: bool = True) -> dict[str, str]:
+def hub_auto_map(head: bool = True) -> dict[str, str]:
     """``auto_map`` entries of a Cluster-Former checkpoint: the config, the base model and, for a head's checkpoint
-    (``question_answering``, the name kept from when QA was the only head), every head, each loadable from it as
-    transformers loads a RoBERTa checkpoint into another head (weights the checkpoint lacks are initialised)."""
+    (``head``), every head of `hf_clusterformer_heads.HEADS`, each loadable from it as transformers loads a RoBERTa
+    checkpoint into another head (weights the checkpoint lacks are initialised)."""
     auto_map = {
         "AutoConfig": "configuration_clusterformer.ClusterFormerConfig",
         "AutoModel": "modeling_clusterformer.ClusterFormerModel",
     }
-    if question_answering:
-        auto_map.update({auto: f"modeling_clusterformer.{name}" for name, auto in HEAD_AUTO_CLASSES.items()})
+    if head:
+        rows = hf_clusterformer_heads.HEADS
+        auto_map.update({row.auto_class: f"modeling_clusterformer.{row.class_name}" for row in rows})
     return auto_map
 
 
@@ -137,14 +116,18 @@ def _is_question_answering(model: PreTrainedModel) -> bool:
     return type(model).__name__ == ClusterFormerForQuestionAnswering.__name__
 
 
+def _head_class_names() -> list[str]:
+    return [head.class_name for head in hf_clusterformer_heads.HEADS]
+
+
 def _is_head(model: PreTrainedModel) -> bool:
-    return type(model).__name__ in HEAD_AUTO_CLASSES
+    return find_head(type(model).__name__) is not None
 
 
 def prepare_for_hub(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None = None) -> None:
     """Make ``model.save_pretrained`` / ``model.push_to_hub`` write checkpoints that load with remote code.
 
-    Registers the config class for ``AutoConfig`` and the model class for its Auto class (`HEAD_AUTO_CLASSES`;
+    Registers the config class for ``AutoConfig`` and the model class for its Auto class (`hf_clusterformer_heads`;
     ``AutoModel`` for a bare `ClusterFormerModel`) — a class-level setting, so later saves of these classes in
     this process also copy the code files — and sets ``model.config.auto_map`` to all of `hub_auto_map` (transformers
     itself lists only the saved class). Raises ``tokenizer.model_max_length`` to the longest input the model takes,
@@ -156,11 +139,11 @@ def prepare_for_hub(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase |
     head = _is_head(model)
     if not head and type(model).__name__ != ClusterFormerModel.__name__:
         raise ValueError(
-            f"Only ClusterFormerModel and its heads ({', '.join(HEAD_AUTO_CLASSES)}) can be shared, got "
+            f"Only ClusterFormerModel and its heads ({', '.join(_head_class_names())}) can be shared, got "
             f"{type(model).__name__}."
         )
     type(model.config).register_for_auto_class("AutoConfig")
-    type(model).register_for_auto_class(HEAD_AUTO_CLASSES[type(model).__name__] if head else "AutoModel")
+    type(model).register_for_auto_class(find_head(type(model).__name__).auto_class if head else "AutoModel")
     model.config.auto_map = {**(getattr(model.config, "auto_map", None) or {}), **hub_auto_map(head)}
     if tokenizer is not None:
         needed = model.config.max_input_length
@@ -319,7 +302,7 @@ def check_hub_checkpoint(path: str | os.PathLike, files: Sequence[str] | None = 
     architectures = config.get("architectures") or []
     question_answering = any(name.endswith("ForQuestionAnswering") for name in architectures)
     auto_map = config.get("auto_map") or {}
-    own = {HEAD_AUTO_CLASSES.get(name) for name in architectures}
+    own = {getattr(find_head(name), "auto_class", None) for name in architectures}
     for key, target in hub_auto_map(bool(own - {None})).items():
         # the config, the base model and the checkpoint's own head are needed; other heads' entries need to be right
         needed = key in ("AutoConfig", "AutoModel") or key in own

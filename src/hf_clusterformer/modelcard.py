@@ -24,8 +24,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hf_clusterformer_cli_support import HEAD_TASKS, CommandError, OneLineParser, architectures_task, convert_command
+from hf_clusterformer_cli_support import CommandError, OneLineParser, convert_command
 from hf_clusterformer_files import GENERATED_MARK, card_state, owned_by_model, stamp_card, write_file
+from hf_clusterformer_heads import architectures_task, find_head, head_tasks
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from .configuration_clusterformer import ClusterFormerConfig
@@ -122,7 +123,7 @@ def load_results(
 
 
 def default_widget(task: str = DEFAULT_TASK, mask_token: str = "<mask>") -> list[dict[str, str]]:
-    """One widget example of the ``task`` (a pipeline task of `HEAD_TASKS`) over a text of several paragraphs (about
+    """One widget example of the ``task`` (a pipeline task of `hf_clusterformer_heads.HEADS`) over a text of several paragraphs (about
     600 tokens), the answer in the last one: a question and context, a text with ``mask_token``, or a text; none for
     multiple choice (the Hub has no widget for it)."""
     towns = ["Arden", "Belmor", "Calder", "Dunmere", "Elstow", "Fenwick", "Garlow", "Harrow", "Ilsby", "Jarrow"]
@@ -255,7 +256,7 @@ def make_model_card(
         license, language, tags: metadata; tags are added to the Cluster-Former defaults. description: an opening.
         revision: the Hub commit (or tag) the remote-code snippets pin with ``revision=``; default ``"main"``, with a
             note to pin the tested commit (`hub.push_model` returns it, ``clusterformer push`` prints it).
-        task: the pipeline task of the head (`HEAD_TASKS`), which sets the pipeline tag, widget, snippets and wording;
+        task: the pipeline task of the head (`hf_clusterformer_heads.HEADS`), which sets the pipeline tag, widget, snippets and wording;
             default: the head the config's ``architectures`` name, else question answering (the only one with results).
         mask_token: the tokenizer's mask token, for a fill-mask widget and snippet (default ``<mask>``).
 
@@ -300,54 +301,24 @@ def _card_task(config: ClusterFormerConfig, task: str | None, results: Any) -> s
     """The card's pipeline task: ``task``, or the head the config's ``architectures`` name, or question answering
     (`ValueError` for another name, or for results of another task: exact match / F1 are question answering's)."""
     task = task or architectures_task(getattr(config, "architectures", None)) or DEFAULT_TASK
-    if task not in HEAD_TASKS:
-        raise ValueError(f"task must be one of {', '.join(HEAD_TASKS)}, got {task!r}.")
+    if task not in head_tasks():
+        raise ValueError(f"task must be one of {', '.join(head_tasks())}, got {task!r}.")
     if results and task != DEFAULT_TASK:
         raise ValueError(f"results hold exact match / F1 of question answering; this card is of a {task} model.")
     return task
 
 
 def _task_text(task: str, repo: str, long_text: str, mask: str, revision: str) -> dict[str, Any]:
-    """The template's words for the head of ``task`` (`_HEADS`) and, but for QA's (in the template), its snippets."""
-    text: dict[str, Any] = {"task": task, "head": {key: value.format(mask=mask) for key, value in _HEADS[task].items()}}
+    """The template's words for the head of ``task`` (its row's ``card`` in `hf_clusterformer_heads.HEADS`) and, but
+    for QA's (in the template), its snippets."""
+    words = {key: value.format(mask=mask) for key, value in find_head(task).card.items()}
+    text: dict[str, Any] = {"task": task, "head": words}
     if task != DEFAULT_TASK:
         text["plugin_snippet"] = _usage(task, repo, long_text, mask, remote=False)
         text["remote_snippet"] = _usage(task, repo, long_text, mask, remote=True, revision=revision)
     return text
 
 
-#: How a card describes each head (`make_model_card`'s template): what the model is, what goes in and comes out, what
-#: every window holds beside its slice of the text, and what the snippets' call returns.
-_HEADS = {
-    "question-answering": {"prefix": "the question"},
-    "fill-mask": {
-        "model": "A masked language model", "input": "A text (or a pair of texts)",
-        "output": "the masked-LM head gives logits over the vocabulary for every input token",
-        "prefix": "the text's `<s>` (for a pair of texts, the first text)",
-        "returns": "The pipeline returns the `top_k` most likely tokens for the mask token (`{mask}`, one per text), "
-                   "each with its `score` and the filled-in `sequence`.",
-    },
-    "text-classification": {
-        "model": "A text classifier", "input": "A text (or a pair of texts)",
-        "output": "the classification head reads the mean of the windows' `<s>` states and gives a score per label",
-        "prefix": "the text's `<s>` (for a pair of texts, the first text)",
-        "returns": "The pipeline returns a `label` and its `score` (with `top_k=None`, every label).",
-    },
-    "token-classification": {
-        "model": "A token classifier", "input": "A text (or a pair of texts)",
-        "output": "the head gives a score per label for every input token",
-        "prefix": "the text's `<s>` (for a pair of texts, the first text)",
-        "returns": "The pipeline returns an entry per token (`entity`, `score`, `word`, `start`, `end`), leaving out the "
-                   "labels of `ignore_labels`; `aggregation_strategy` groups them into words or spans.",
-    },
-    "multiple-choice": {
-        "model": "A multiple-choice model", "input": "Each choice, `<s> question option </s></s> context </s>` with the "
-                 "whole context",
-        "output": "the head scores it from the mean of the windows' `<s>` states",
-        "prefix": "the question and the option",
-        "returns": "`logits` holds a score per choice, (batch, choices); the highest is the model's answer.",
-    },
-}
 #: The pipeline call of each head's usage snippet (``{repo}``, ``{load}``: the loading arguments, ``{mask}``).
 _PIPELINE_CALLS = {
     "fill-mask": 'fill = pipeline("fill-mask", model="{repo}"{load})\n'
@@ -357,6 +328,8 @@ _PIPELINE_CALLS = {
     "token-classification": 'tag = pipeline("token-classification", model="{repo}"{load})\n'
                             "print(tag(long_text)[:10])\n",
 }
+#: The pipeline call of a head with none of its own above.
+_PIPELINE_CALL = 'run = pipeline("{task}", model="{repo}"{load})\nprint(run(long_text))\n'
 _MULTIPLE_CHOICE = """import torch
 from transformers import AutoModelForMultipleChoice, AutoTokenizer
 
@@ -379,7 +352,7 @@ def _usage(task: str, repo: str, long_text: str, mask: str, remote: bool, revisi
     pinned = f'\nrevision = "{revision}"' if remote else ""
     if task == "multiple-choice":
         return _MULTIPLE_CHOICE.format(long_text=long_text, revision=pinned, repo=repo, load=load)
-    call = _PIPELINE_CALLS[task].format(repo=repo, load=load, mask=mask)
+    call = _PIPELINE_CALLS.get(task, _PIPELINE_CALL).format(task=task, repo=repo, load=load, mask=mask)
     return f"from transformers import pipeline\n\nlong_text = {long_text}  # your long document{pinned}\n{call}"
 
 

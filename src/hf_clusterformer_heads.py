@@ -1,0 +1,128 @@
+"""The heads of Cluster-Former, one row each: the one table every part that handles heads reads (the Auto
+registrations, the Hub's ``auto_map``, conversion, export, the model card, the command's ``--task``).
+
+A row names its classes by name; the library resolves them (the model classes in
+``hf_clusterformer.modeling_clusterformer``, the Auto classes in ``transformers``). A top-level module with no imports
+beyond the standard library, on the bottom floor (see ARCHITECTURE.md), so the command reads it before importing
+torch. Every reader looks the table up when it runs (`HEADS`), so a row added here reaches them all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+__all__ = ["HEADS", "Head", "architectures_task", "find_head", "head_tasks"]
+
+
+@dataclass(frozen=True)
+class Head:
+    """One head of Cluster-Former."""
+
+    #: The pipeline task (what ``clusterformer convert --task`` takes and a card's ``pipeline_tag`` says).
+    task: str
+    #: The head's short key, which `hf_clusterformer.conversion.convert_checkpoint` also takes as its ``task`` and
+    #: reports as `hf_clusterformer.conversion.ConvertedCheckpoint.task`.
+    key: str
+    #: The model class (in ``hf_clusterformer.modeling_clusterformer``).
+    class_name: str
+    #: The transformers Auto class that loads it.
+    auto_class: str
+    #: The ends of the model class names (Cluster-Former's, RoBERTa's, BERT's) that hold this head.
+    endings: tuple[str, ...]
+    #: How messages name the head.
+    name: str
+    #: The outputs of an exported program, in order.
+    outputs: tuple[str, ...] = ("logits",)
+    #: How a model card describes the head (its template's ``head`` words; ``{mask}``: the mask token).
+    card: Mapping[str, str] = field(default_factory=dict)
+    #: Where a BERT checkpoint's weights of this head go in the RoBERTa layout: source prefix -> target prefix.
+    bert_weights: Mapping[str, str] = field(default_factory=dict)
+
+
+_PAIR_PREFIX = "the text's `<s>` (for a pair of texts, the first text)"
+
+#: The heads, question answering (the default) first.
+HEADS: tuple[Head, ...] = (
+    Head(
+        "question-answering", "qa", "ClusterFormerForQuestionAnswering", "AutoModelForQuestionAnswering",
+        ("ForQuestionAnswering",), "question-answering", ("start_logits", "end_logits"),
+        card={"prefix": "the question"},
+        bert_weights={"qa_outputs.": "qa_outputs."},
+    ),
+    Head(
+        "fill-mask", "mlm", "ClusterFormerForMaskedLM", "AutoModelForMaskedLM", ("ForMaskedLM", "ForPreTraining"),
+        "masked-LM",
+        card={
+            "model": "A masked language model", "input": "A text (or a pair of texts)",
+            "output": "the masked-LM head gives logits over the vocabulary for every input token",
+            "prefix": _PAIR_PREFIX,
+            "returns": "The pipeline returns the `top_k` most likely tokens for the mask token (`{mask}`, one per "
+                       "text), each with its `score` and the filled-in `sequence`.",
+        },
+        # BERT's MLM transform is ``lm_head``; the decoder is tied to the word embeddings
+        bert_weights={"cls.predictions.transform.dense.": "lm_head.dense.",
+                      "cls.predictions.transform.LayerNorm.": "lm_head.layer_norm.",
+                      "cls.predictions.bias": "lm_head.bias"},
+    ),
+    Head(
+        "text-classification", "sequence-classification", "ClusterFormerForSequenceClassification",
+        "AutoModelForSequenceClassification", ("ForSequenceClassification",), "sequence-classification",
+        card={
+            "model": "A text classifier", "input": "A text (or a pair of texts)",
+            "output": "the classification head reads the mean of the windows' `<s>` states and gives a score per "
+                      "label",
+            "prefix": _PAIR_PREFIX,
+            "returns": "The pipeline returns a `label` and its `score` (with `top_k=None`, every label).",
+        },
+        # BERT's pooler + classifier is RoBERTa's classification head
+        bert_weights={"roberta.pooler.dense.": "classifier.dense.", "classifier.": "classifier.out_proj."},
+    ),
+    Head(
+        "token-classification", "token-classification", "ClusterFormerForTokenClassification",
+        "AutoModelForTokenClassification", ("ForTokenClassification",), "token-classification",
+        card={
+            "model": "A token classifier", "input": "A text (or a pair of texts)",
+            "output": "the head gives a score per label for every input token",
+            "prefix": _PAIR_PREFIX,
+            "returns": "The pipeline returns an entry per token (`entity`, `score`, `word`, `start`, `end`), leaving "
+                       "out the labels of `ignore_labels`; `aggregation_strategy` groups them into words or spans.",
+        },
+        bert_weights={"classifier.": "classifier."},
+    ),
+    Head(
+        "multiple-choice", "multiple-choice", "ClusterFormerForMultipleChoice", "AutoModelForMultipleChoice",
+        ("ForMultipleChoice",), "multiple-choice",
+        card={
+            "model": "A multiple-choice model",
+            "input": "Each choice, `<s> question option </s></s> context </s>` with the whole context",
+            "output": "the head scores it from the mean of the windows' `<s>` states",
+            "prefix": "the question and the option",
+            "returns": "`logits` holds a score per choice, (batch, choices); the highest is the model's answer.",
+        },
+        bert_weights={"roberta.pooler.": "roberta.pooler.", "classifier.": "classifier."},
+    ),
+)
+
+
+def head_tasks() -> tuple[str, ...]:
+    """The pipeline task of every head, in table order (the command's ``--task`` choices)."""
+    return tuple(head.task for head in HEADS)
+
+
+def find_head(name: str | None) -> Head | None:
+    """The head of a pipeline task, a head's key (``qa``, ``mlm``, ...) or a model class name; ``None`` if none."""
+    for head in HEADS:
+        if name in (head.task, head.key, head.class_name):
+            return head
+    return None
+
+
+def architectures_task(architectures: Iterable[str] | None) -> str | None:
+    """The pipeline task of the head of the first class in ``architectures`` (a config's), or ``None`` for a plain
+    encoder (``RobertaModel``, ``ClusterFormerModel``) or no class."""
+    for name in list(architectures or [])[:1]:
+        for head in HEADS:
+            if name.endswith(head.endings):
+                return head.task
+    return None

@@ -1,0 +1,105 @@
+"""The table of heads (`hf_clusterformer_heads.HEADS`) is the one place a head is described: a row added to it reaches
+the Auto registrations, the Hub's ``auto_map``, conversion's ``task``, export, the model card and the command's
+``--task``."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import transformers
+
+import hf_clusterformer
+import hf_clusterformer_heads
+from hf_clusterformer import conversion, export, modelcard, modeling_clusterformer
+from hf_clusterformer.hub import hub_auto_map
+from hf_clusterformer.modeling_clusterformer import ClusterFormerForSequenceClassification
+from hf_clusterformer_cli import build_parser
+
+from helpers import tiny_config
+
+
+class ClusterFormerForRanking(ClusterFormerForSequenceClassification):
+    """A trivial new head: a sequence classifier under another name."""
+
+
+class AutoModelForRanking:
+    """Stands in for a transformers Auto class: records what is registered with it."""
+
+    registered: list[tuple[type, type]] = []
+
+    @classmethod
+    def register(cls, config_class: type, model_class: type, exist_ok: bool = False) -> None:
+        cls.registered.append((config_class, model_class))
+
+
+RANKING = hf_clusterformer_heads.Head(
+    "text-ranking", "rank", ClusterFormerForRanking.__name__, AutoModelForRanking.__name__, ("ForRanking",),
+    "ranking", outputs=("scores",),
+    card={"model": "A ranker", "input": "A text", "output": "a score", "prefix": "the text's `<s>`",
+          "returns": "A score per text ({mask} unused)."},
+)
+
+
+@pytest.fixture
+def ranking(monkeypatch):
+    """The table with the new row, its model class where the library looks classes up and its Auto class in
+    transformers."""
+    monkeypatch.setattr(hf_clusterformer_heads, "HEADS", (*hf_clusterformer_heads.HEADS, RANKING))
+    monkeypatch.setattr(modeling_clusterformer, ClusterFormerForRanking.__name__, ClusterFormerForRanking, raising=False)
+    monkeypatch.setattr(transformers, AutoModelForRanking.__name__, AutoModelForRanking, raising=False)
+    monkeypatch.setattr(AutoModelForRanking, "registered", [])
+    return RANKING
+
+
+def test_the_table_rows_are_distinct():
+    heads = hf_clusterformer_heads.HEADS
+    for column in ("task", "key", "class_name", "auto_class"):
+        values = [getattr(head, column) for head in heads]
+        assert len(set(values)) == len(values), column
+    assert heads[0].task == "question-answering"
+    for head in heads:
+        assert hasattr(modeling_clusterformer, head.class_name) and hasattr(transformers, head.auto_class)
+        assert hf_clusterformer_heads.find_head(head.key) is head and hf_clusterformer_heads.find_head(head.task) is head
+
+
+def test_a_new_row_is_registered_with_its_auto_class(ranking):
+    hf_clusterformer.register_auto_classes()
+    assert AutoModelForRanking.registered == [(hf_clusterformer.ClusterFormerConfig, ClusterFormerForRanking)]
+
+
+def test_a_new_row_is_in_the_hub_auto_map(ranking):
+    assert hub_auto_map()[ranking.auto_class] == f"modeling_clusterformer.{ranking.class_name}"
+    assert ranking.auto_class not in hub_auto_map(False)
+
+
+def test_conversion_takes_a_new_rows_task_and_key(ranking):
+    assert conversion._pipeline_task("text-ranking") == conversion._pipeline_task("rank") == "text-ranking"
+    assert conversion._pipeline_task("qa") == "question-answering"
+    with pytest.raises(ValueError, match="rank.*text-ranking"):
+        conversion._pipeline_task("ranking-of-texts")
+
+
+def test_a_new_row_exports(ranking):
+    assert export.EXPORT_CLASSES[ranking.class_name] is ClusterFormerForRanking
+    assert list(export.EXPORT_CLASSES)[-2:] == [ranking.class_name, "ClusterFormerModel"]
+    assert export.output_names(ClusterFormerForRanking(tiny_config())) == ["scores"]
+
+
+def test_a_new_rows_card_words(ranking):
+    text = modelcard._task_text("text-ranking", "me/ranker", '"text"', "<mask>", "main")
+    assert text["head"] == {**ranking.card, "returns": "A score per text (<mask> unused)."}
+    assert 'pipeline("text-ranking", model="me/ranker")' in text["plugin_snippet"]
+    assert modelcard._card_task(tiny_config(), "text-ranking", None) == "text-ranking"
+
+
+def test_the_command_offers_a_new_rows_task(ranking):
+    convert = build_parser(model_options=True)._subparsers._group_actions[0].choices["convert"]
+    (task,) = [action for action in convert._actions if action.dest == "task"]
+    assert task.choices[-1] == "text-ranking"
+    assert hf_clusterformer_heads.architectures_task(["RobertaForRanking"]) == "text-ranking"
+
+
+def test_rows_are_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        RANKING.task = "other"  # type: ignore[misc]

@@ -1252,12 +1252,7 @@ def locate_rows(
     last = (starts + lengths - 1).clamp(min=0).unsqueeze(1)
     context = lengths - prefix - torch.gather(is_sep, 1, last).squeeze(1).long()  # without the closing separator
     stats = row_facts(ids, prefix, lengths, question, context, one_block, found, token_type_ids).tolist()  # one read
-    bounds = [row[0] for row in stats[6:]]
-    if ids is not None and ids.numel() > 0:
-        check_token_ids(config, *bounds[:2])
-        bounds = bounds[2:]
-    if bounds:
-        check_token_types(config, *bounds)
+    check_vocabularies(config, [row[0] for row in stats[6:]], ids is not None and ids.numel() > 0)
     check_rows(config, *stats[1:6], "input_ids" if is_separator is None else "inputs_embeds")
     return stats[0], stats[1], prefix, lengths, starts, single
 
@@ -1306,6 +1301,16 @@ def check_input_tensors(input_ids: torch.Tensor | None, inputs_embeds: torch.Ten
     if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
         raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}; pass the "
                         "tokenizer's ids (e.g. return_tensors='pt') or input_ids.long().")
+
+
+def check_vocabularies(config: ClusterFormerConfig, bounds: list[int], with_ids: bool) -> None:
+    """``bounds`` (the extra rows of `row_facts`): the smallest and largest input id when ``with_ids``, then the
+    smallest and largest token type if given; each within its vocabulary, else one line."""
+    if with_ids:
+        check_token_ids(config, *bounds[:2])
+        bounds = bounds[2:]
+    if bounds:
+        check_token_types(config, *bounds)
 
 
 def check_token_ids(config: ClusterFormerConfig, low: int, high: int) -> None:

@@ -20,7 +20,6 @@ import contextlib
 import json
 import logging
 import os
-import shutil
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any
 # the file policy (which files a model owns, modes, writing a folder at once) has one home; re-exported here
 from hf_clusterformer_files import (
     CODE_FILES,
+    CUSTOM_PIPELINE,
     MODEL_FILE_NAMES,
     MODEL_FILE_PATTERNS,
     RESULT_FILES,
@@ -38,8 +38,9 @@ from hf_clusterformer_files import (
     default_mode,
     holds_model,
     owned_by_model,
-    stamp_card,
+    apply_auto_map,
     writing_model_dir,
+    write_model_folder,
 )
 import hf_clusterformer_heads
 from hf_clusterformer_heads import find_head
@@ -82,20 +83,13 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_PACKAGE_DIR = Path(__file__).resolve().parent
 #: Weight formats that unpickle on load; never written or uploaded.
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 #: Top-level packages the Hub code may import besides the standard library.
 _HUB_CODE_PACKAGES = {"torch", "transformers", "huggingface_hub"}
 #: Folders the Trainer writes for resuming (optimizer state, RNG state); never uploaded.
 _TRAINER_CHECKPOINT_PREFIX = "checkpoint-"
-_CUSTOM_PIPELINE = {
-    TASK: {
-        "impl": "pipeline.ClusterFormerQuestionAnsweringPipeline",
-        "pt": ["AutoModelForQuestionAnswering"],
-        "type": "text",
-    }
-}
+_CUSTOM_PIPELINE = CUSTOM_PIPELINE  # the one writer's entry (`hf_clusterformer_files.write_model_folder`)
 
 
 def hub_auto_map(head: bool = True) -> dict[str, str]:
@@ -110,10 +104,6 @@ def hub_auto_map(head: bool = True) -> dict[str, str]:
         rows = hf_clusterformer_heads.HEADS
         auto_map.update({row.auto_class: f"modeling_clusterformer.{row.class_name}" for row in rows})
     return auto_map
-
-
-def _is_question_answering(model: PreTrainedModel) -> bool:
-    return type(model).__name__ == ClusterFormerForQuestionAnswering.__name__
 
 
 def _head_class_names() -> list[str]:
@@ -144,7 +134,7 @@ def prepare_for_hub(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase |
         )
     type(model.config).register_for_auto_class("AutoConfig")
     type(model).register_for_auto_class(find_head(type(model).__name__).auto_class if head else "AutoModel")
-    model.config.auto_map = {**(getattr(model.config, "auto_map", None) or {}), **hub_auto_map(head)}
+    apply_auto_map(model)  # the one writer's (`hf_clusterformer_files.write_model_folder`), equal to `hub_auto_map`
     if tokenizer is not None:
         needed = model.config.max_input_length
         if (tokenizer.model_max_length or 0) < needed:
@@ -202,11 +192,11 @@ def save_for_hub(
 
     Returns:
         The directory. Raises `ValueError` if the result fails `check_hub_checkpoint` (``save_dir`` is then left
-        as it was).
+        as it was). Written by the one writer of a model folder, `hf_clusterformer_files.write_model_folder`.
     """
-    with writing_model_dir(save_dir, overwrite) as staging:
-        write_checkpoint(model, tokenizer, staging, card=card, card_data=card_data, max_shard_size=max_shard_size)
-    return Path(save_dir)
+    card = _hub_card(model, tokenizer, card, card_data)
+    return write_model_folder(model, save_dir, tokenizer, card, overwrite=overwrite, verify=_verify,
+                              max_shard_size=max_shard_size)
 
 
 def write_checkpoint(
@@ -220,42 +210,36 @@ def write_checkpoint(
 ) -> Path:
     """`save_for_hub` into ``save_dir`` in place, over what is there (for a folder being written, such as a
     training run's own output folder)."""
+    card = _hub_card(model, tokenizer, card, card_data)
+    return write_model_folder(model, save_dir, tokenizer, card, in_place=True, verify=_verify,
+                              max_shard_size=max_shard_size)
+
+
+def _hub_card(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, card: Any,
+              card_data: Mapping[str, Any] | None) -> Any:
+    """Ready ``model`` and ``tokenizer`` for a Hub checkpoint (`prepare_for_hub`; the record of untrained weights
+    dropped once they have changed) and return its card: ``card``, or a call that makes one with `make_model_card`
+    once the weights and config are written (the config then names the model's class)."""
     from .modelcard import make_model_card
 
-    save_dir = Path(save_dir)
-    save_dir.mkdir(parents=True, exist_ok=True)
     prepare_for_hub(model, tokenizer)
-    question_answering = _is_question_answering(model)
     config = model.config
     if getattr(config, UNTRAINED_WEIGHTS, None) and not untrained_weights(model):
         delattr(config, UNTRAINED_WEIGHTS)  # trained since it was recorded
-    previous = getattr(config, "custom_pipelines", None)
-    if question_answering:
-        config.custom_pipelines = json.loads(json.dumps(_CUSTOM_PIPELINE))
-    try:
-        model.save_pretrained(save_dir, max_shard_size=max_shard_size)
-    finally:
-        # The pipeline file is only written here, so a later model.push_to_hub must not name it.
-        if question_answering:
-            if previous is None:
-                del config.custom_pipelines
-            else:
-                config.custom_pipelines = previous
-    for name in CODE_FILES if question_answering else CODE_FILES[:2]:
-        shutil.copyfile(_PACKAGE_DIR / name, save_dir / name)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(save_dir)
-    if card is None:
-        fitted = {index: bool(router.fitted) for index, router in model.cluster_routers().items()}
-        mask = {"mask_token": tokenizer.mask_token} if getattr(tokenizer, "mask_token", None) else {}
-        card = make_model_card(config, **{"centroids_fitted": fitted, **mask, **dict(card_data or {})})
-    elif card_data:
-        raise ValueError("Give either card or card_data, not both.")
-    (save_dir / "README.md").write_text(stamp_card(str(card)), encoding="utf-8")
-    problems = check_hub_checkpoint(save_dir, hub_files(save_dir)[0])
+    if card is not None:
+        if card_data:
+            raise ValueError("Give either card or card_data, not both.")
+        return card
+    fitted = {index: bool(router.fitted) for index, router in model.cluster_routers().items()}
+    mask = {"mask_token": tokenizer.mask_token} if getattr(tokenizer, "mask_token", None) else {}
+    return lambda: make_model_card(config, **{"centroids_fitted": fitted, **mask, **dict(card_data or {})})
+
+
+def _verify(folder: Path) -> None:
+    """Raise `ValueError` when the folder being written is no self-contained checkpoint (`check_hub_checkpoint`)."""
+    problems = check_hub_checkpoint(folder, hub_files(folder)[0])
     if problems:
-        raise ValueError(f"{save_dir} is not a self-contained checkpoint: " + "; ".join(problems))
-    return save_dir
+        raise ValueError(f"{folder} is not a self-contained checkpoint: " + "; ".join(problems))
 
 
 def hub_code_imports(path: str | os.PathLike) -> set[str]:

@@ -1152,11 +1152,22 @@ class ClusterFormerPreTrainedModel(RobertaPreTrainedModel):
                 )
 
     def save_pretrained(self, save_directory, *args, **kwargs):
-        """`PreTrainedModel.save_pretrained` (the Trainer's checkpoints included), writing a folder complete for what
-        its ``config.json`` promises: ``pipeline.py`` beside it when ``custom_pipelines`` names it (a config loaded
-        from a Hub checkpoint does), or no such entry when that file is not at hand or the model has no QA head (a
-        masked-LM model loaded from a QA checkpoint: the question-answering pipeline no longer applies); and weight
-        files with the usual mode under the umask (transformers writes them 0600)."""
+        """`PreTrainedModel.save_pretrained` (the Trainer's checkpoints included) through the package's one writer of
+        a model folder, `hf_clusterformer_files.write_model_folder`, into the folder as it is: weights and config with
+        every ``auto_map`` entry, the code files (``pipeline.py`` and its ``custom_pipelines`` entry for a QA model),
+        usual modes. A Hub copy of this file used without the package writes the folder on its own
+        (`_save_on_its_own`)."""
+        try:
+            from hf_clusterformer_files import write_model_folder
+        except ImportError:  # a Hub copy, used without the package
+            return self._save_on_its_own(save_directory, *args, **kwargs)
+        write_model_folder(self, save_directory, in_place=True, save_args=args, **kwargs)
+
+    def _save_on_its_own(self, save_directory, *args, **kwargs):
+        """`save_pretrained` without the package: a folder complete for what its ``config.json`` promises:
+        ``pipeline.py`` beside it when ``custom_pipelines`` names it (a config loaded from a Hub checkpoint does), or
+        no such entry when that file is not at hand or the model has no QA head; and weight files with the usual mode
+        under the umask (transformers writes them 0600)."""
         pipelines = getattr(self.config, "custom_pipelines", None) or {}
         code = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pipeline.py")
         names_code = any(str(entry.get("impl", "")).startswith("pipeline.") for entry in pipelines.values()

@@ -293,14 +293,24 @@ class ClusterFormerQuestionAnsweringPipeline(Pipeline):
 
     def save_pretrained(self, save_directory, **kwargs):
         """Save model, tokenizer (reading up to the model's limit) and this pipeline's code so that
-        ``trust_remote_code=True`` loads all three (a model of classes outside transformers gets ``auto_map``)."""
+        ``trust_remote_code=True`` loads all three (a model of classes outside transformers gets ``auto_map``). A
+        Cluster-Former model is written by the package's one writer, `hf_clusterformer_files.write_model_folder`, into
+        the folder as it is; other models (or this file's Hub copy without the package) by transformers'."""
+        use_model_limit(self.tokenizer, self.model.config)
+        if getattr(type(self.model.config), "model_type", None) == "clusterformer":
+            try:
+                from hf_clusterformer_files import write_model_folder
+            except ImportError:  # a Hub copy, used without the package
+                write_model_folder = None
+            if write_model_folder is not None:
+                write_model_folder(self.model, save_directory, self.tokenizer, in_place=True, **kwargs)
+                return None
         model_class, config_class = type(self.model), type(self.model.config)
         if not model_class.__module__.startswith("transformers."):
             if getattr(config_class, "_auto_class", None) is None:
                 config_class.register_for_auto_class()
             if getattr(model_class, "_auto_class", None) is None:
                 model_class.register_for_auto_class("AutoModelForQuestionAnswering")
-        use_model_limit(self.tokenizer, self.model.config)
         return super().save_pretrained(save_directory, **kwargs)
 
 

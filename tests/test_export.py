@@ -1,7 +1,8 @@
 """Export: one `torch.export` program and one ONNX file, traced at one length and run through `load_exported`, equal
-to eager at other lengths and batch sizes (padding included), and for multiple choice at other choice counts; int8
-files close to eager; every head whose weights were never trained (added by conversion or drawn at load, through the
-Auto classes too) is refused without --allow-untrained; bad input to `export_model` and to the runner is one line."""
+to eager at other lengths and batch sizes (padding included); int8 files close to eager; every head whose weights
+were never trained (added by conversion or drawn at load, through the Auto classes too) is refused without
+--allow-untrained; bad input to `export_model` and to the runner is one line. The other heads' exports are in
+tests/test_export_heads.py (a file of its own, so that the two run in parallel under `make test`)."""
 
 import pytest
 import torch
@@ -11,7 +12,6 @@ from helpers import pad_batch, random_example, tiny_config
 import transformers
 
 from hf_clusterformer import (
-    ClusterFormerForMultipleChoice,
     ClusterFormerForQuestionAnswering,
     ClusterFormerForSequenceClassification,
     ClusterFormerModel,
@@ -23,7 +23,6 @@ from hf_clusterformer.export import (
     export_program,
     load_exported,
     load_for_export,
-    output_names,
     program_metadata,
     write_program,
 )
@@ -34,6 +33,8 @@ pytest.importorskip("onnxscript")
 # Window l = 16, stride m = 12 (tiny_config); every layer type, and the traced length is none of those below.
 CONFIG = dict(num_hidden_layers=4, cluster_layers=[1, 2, 3], global_layer_type=["cluster", "lsh", "sparse"])
 TRACED_LENGTH = 41
+#: Two layers (a sliding and a cluster one) where a test checks a head, not the layer types: a smaller program.
+SMALL = dict(num_hidden_layers=2, cluster_layers=[1])
 #: (question, context) lengths per row: shorter than one window, two, several windows, a length that is no multiple
 #: of m (the program's window count is the batch's own, from one up).
 BATCHES = {
@@ -120,35 +121,6 @@ def test_the_runner_checks_every_batch_in_one_line(exported):
         load_exported(runner.path.parent / "other.onnx")
 
 
-#: (batch, choices) of the multiple-choice batches; the program is traced with 2 choices.
-CHOICES = {"one example of three": (1, 3), "two of four": (2, 4), "three of one": (3, 1)}
-
-
-@pytest.fixture(scope="module")
-def exported_choices(tmp_path_factory):
-    model = fitted_model(ClusterFormerForMultipleChoice, 2, **CONFIG)
-    program = export_program(model, TRACED_LENGTH)
-    folder = tmp_path_factory.mktemp("choices")
-    return model, *(load_exported(write_program(program, folder / name, kind, program_metadata(model)))
-                    for name, kind in (("choices.pt2", "torch"), ("choices.onnx", "onnx")))
-
-
-@pytest.mark.parametrize("shape", CHOICES.values(), ids=CHOICES.keys())
-def test_multiple_choice_exports_take_any_choice_count_and_length(exported_choices, shape):
-    """(B, C, T) inputs of any B, C and T: every choice a pair encoding of its own question length, padded."""
-    model, program, onnx_program = exported_choices
-    batch, choices = shape
-    generator = torch.Generator().manual_seed(batch * 10 + choices)
-    ids, mask = pad_batch([random_example(generator, 1 + row % 6, 4 + 9 * row) for row in range(batch * choices)])
-    ids, mask = ids.view(batch, choices, -1), mask.view(batch, choices, -1)
-    assert ids.shape[-1] != TRACED_LENGTH
-    with torch.no_grad():
-        eager = model(input_ids=ids, attention_mask=mask).logits
-    assert eager.shape == (batch, choices)
-    torch.testing.assert_close(program(ids, mask)["logits"], eager, atol=1e-4, rtol=0)
-    torch.testing.assert_close(onnx_program(ids, mask)["logits"], eager, atol=1e-4, rtol=0)
-
-
 def test_every_head_drawn_at_load_and_saved_through_the_auto_classes_is_refused(tmp_path, capsys):
     """A head (or the base model's pooler) that loading drew because the checkpoint lacks it is recorded as untrained,
     so a folder saved from it does not export without --allow-untrained; once its weights change, it does."""
@@ -156,7 +128,7 @@ def test_every_head_drawn_at_load_and_saved_through_the_auto_classes_is_refused(
     from hf_clusterformer_heads import HEADS
 
     torch.manual_seed(0)
-    ClusterFormerModel(tiny_config(), add_pooling_layer=False).save_pretrained(tmp_path / "encoder")
+    ClusterFormerModel(tiny_config(**SMALL), add_pooling_layer=False).save_pretrained(tmp_path / "encoder")
     auto_classes = {**{head.class_name: head.auto_class for head in HEADS}, ClusterFormerModel.__name__: "AutoModel"}
     assert set(auto_classes) == set(EXPORT_CLASSES)
     for name, auto_class in auto_classes.items():
@@ -182,51 +154,6 @@ def test_every_head_drawn_at_load_and_saved_through_the_auto_classes_is_refused(
     assert main(["export", str(tmp_path / "ClusterFormerForMultipleChoice"), str(out), "--allow-untrained"]) == 0
     ids, mask = pad_batch([random_example(torch.Generator().manual_seed(4), 3, 20 + row) for row in range(6)])
     assert load_exported(out)(ids.view(2, 3, -1), mask.view(2, 3, -1))["logits"].shape == (2, 3)
-
-
-def test_left_padding_and_another_head(tmp_path):
-    """A classification head exports too (`clusterformer export --format torch` writes its .pt2 file), and
-    left-padded rows give eager's logits."""
-    model = fitted_model(ClusterFormerForSequenceClassification, 1, num_labels=3)
-    model.save_pretrained(tmp_path / "cls")
-    assert main(["export", str(tmp_path / "cls"), str(tmp_path / "cls.pt2"), "--format", "torch"]) == 0
-    program = load_exported(tmp_path / "cls.pt2")
-    assert (program.format, program.architecture, program.output_names) == \
-        ("torch", "ClusterFormerForSequenceClassification", ["logits"])
-    generator = torch.Generator().manual_seed(3)
-    ids, mask = pad_batch([random_example(generator, 4, 30), random_example(generator, 2, 7)])
-    ids, mask = ids.flip(1), mask.flip(1)  # left padding (the rows reversed: still pair encodings of random tokens)
-    with torch.no_grad():
-        torch.testing.assert_close(program(ids, mask)["logits"], model(input_ids=ids, attention_mask=mask).logits,
-                                   atol=1e-4, rtol=0)
-
-
-#: The heads no other test here exports, each with the formats it is checked in (every head exports: QA, sequence
-#: classification and multiple choice above).
-OTHER_HEADS = {
-    "ClusterFormerForMaskedLM": ("model.pt2", "model.onnx", "int8.onnx"),
-    "ClusterFormerForTokenClassification": ("model.pt2",),
-    "ClusterFormerModel": ("model.pt2",),
-}
-
-
-@pytest.mark.parametrize("name", OTHER_HEADS)
-def test_every_head_exports_equal_to_eager(name, tmp_path):
-    """The fill-mask head (a single text per row: its prefix width is always one) exported to every format, and the
-    token-classification head and the base model, give eager's outputs on a padded batch of single texts."""
-    model = fitted_model(EXPORT_CLASSES[name], 2)
-    program = export_program(model)
-    generator = torch.Generator().manual_seed(5)
-    rows = [[0, *torch.randint(4, 100, (n,), generator=generator).tolist(), 2] for n in (30, 7, 60)]
-    ids, mask = pad_batch(rows)
-    with torch.no_grad():
-        expected = model(input_ids=ids, attention_mask=mask)
-    for file in OTHER_HEADS[name]:
-        kind, quantize = ("torch", None) if file.endswith(".pt2") else ("onnx", "int8" if "int8" in file else None)
-        outputs = load_exported(write_program(program, tmp_path / file, kind, program_metadata(model),
-                                              quantize=quantize))(ids, mask)
-        for output in output_names(model)[:1]:
-            torch.testing.assert_close(outputs[output], expected[output], atol=0.05 if quantize else 1e-4, rtol=0)
 
 
 def test_bad_input_is_one_line(tmp_path):

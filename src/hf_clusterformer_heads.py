@@ -38,6 +38,8 @@ class Head:
     card: Mapping[str, str] = field(default_factory=dict)
     #: Where a BERT checkpoint's weights of this head go in the RoBERTa layout: source prefix -> target prefix.
     bert_weights: Mapping[str, str] = field(default_factory=dict)
+    #: The transformers pipeline class that serves the head over whole texts (`hf_clusterformer.pipeline`), if any.
+    pipeline_class: str | None = None
 
 
 _PAIR_PREFIX = "the text's `<s>` (for a pair of texts, the first text)"
@@ -64,6 +66,7 @@ HEADS: tuple[Head, ...] = (
         bert_weights={"cls.predictions.transform.dense.": "lm_head.dense.",
                       "cls.predictions.transform.LayerNorm.": "lm_head.layer_norm.",
                       "cls.predictions.bias": "lm_head.bias"},
+        pipeline_class="FillMaskPipeline",
     ),
     Head(
         "text-classification", "sequence-classification", "ClusterFormerForSequenceClassification",
@@ -77,6 +80,7 @@ HEADS: tuple[Head, ...] = (
         },
         # BERT's pooler + classifier is RoBERTa's classification head
         bert_weights={"roberta.pooler.dense.": "classifier.dense.", "classifier.": "classifier.out_proj."},
+        pipeline_class="TextClassificationPipeline",
     ),
     Head(
         "token-classification", "token-classification", "ClusterFormerForTokenClassification",
@@ -89,6 +93,7 @@ HEADS: tuple[Head, ...] = (
                        "out the labels of `ignore_labels`; `aggregation_strategy` groups them into words or spans.",
         },
         bert_weights={"classifier.": "classifier."},
+        pipeline_class="TokenClassificationPipeline",
     ),
     Head(
         "multiple-choice", "multiple-choice", "ClusterFormerForMultipleChoice", "AutoModelForMultipleChoice",

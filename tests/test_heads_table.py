@@ -35,7 +35,7 @@ class AutoModelForRanking:
 
 RANKING = hf_clusterformer_heads.Head(
     "text-ranking", "rank", ClusterFormerForRanking.__name__, AutoModelForRanking.__name__, ("ForRanking",),
-    "ranking", outputs=("scores",),
+    "ranking", outputs=("scores",), pipeline_class="TextClassificationPipeline",
     card={"model": "A ranker", "input": "A text", "output": "a score", "prefix": "the text's `<s>`",
           "returns": "A score per text ({mask} unused)."},
 )
@@ -103,3 +103,12 @@ def test_the_command_offers_a_new_rows_task(ranking):
 def test_rows_are_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         RANKING.task = "other"  # type: ignore[misc]
+
+
+def test_a_new_row_reaches_the_pipeline_function(ranking):
+    from hf_clusterformer import loading
+
+    assert "text-ranking" in loading._whole_text_tasks()
+    assert loading._whole_text_tasks()[:3] == ["fill-mask", "text-classification", "token-classification"]
+    with pytest.raises(ValueError, match="task must be one of"):
+        loading.pipeline(model=None, task="summarization")

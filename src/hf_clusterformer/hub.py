@@ -50,7 +50,6 @@ from transformers.dynamic_module_utils import get_imports
 from .configuration_clusterformer import ClusterFormerConfig
 from .modeling_clusterformer import (
     UNTRAINED_WEIGHTS,
-    ClusterFormerForQuestionAnswering,
     ClusterFormerModel,
     untrained_weights,
 )

@@ -16,7 +16,9 @@ import re
 import socket
 from typing import Any
 
+import hf_clusterformer_heads
 import transformers.pipelines as hf_pipelines
+from hf_clusterformer_heads import find_head
 from transformers import AutoModelForQuestionAnswering, Pipeline
 from transformers.pipelines import PIPELINE_REGISTRY
 
@@ -120,24 +122,25 @@ def pipeline(model: Any = None, tokenizer: Any = None, task: str = TASK, **kwarg
     task = hf_pipelines.TASK_ALIASES.get(task, task)
     if task == TASK:
         register_pipeline()
-    elif task not in _HEADS:
-        raise ValueError(f"task must be one of {[TASK, *_HEADS]}, got {task!r}.")
-    impl = ClusterFormerQuestionAnsweringPipeline if task == TASK else getattr(hf_pipelines, _HEADS[task] + "Pipeline")
+    elif task not in _whole_text_tasks():
+        raise ValueError(f"task must be one of {[TASK, *_whole_text_tasks()]}, got {task!r}.")
+    impl = ClusterFormerQuestionAnsweringPipeline if task == TASK else getattr(hf_pipelines, find_head(task).pipeline_class)
     kwargs.setdefault("pipeline_class", impl if task == TASK else type(impl.__name__, (_WholeText, impl), {"__module__": __name__}))
     if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
         model, tokenizer = _load_for_pipeline(model, tokenizer, kwargs, task)
     return make_pipeline(task, model=model, tokenizer=tokenizer, **kwargs)
 
 
-#: The transformers pipeline class (less "Pipeline") of each other head's task.
-_HEADS = {"fill-mask": "FillMask", "text-classification": "TextClassification", "token-classification": "TokenClassification"}
+def _whole_text_tasks() -> list[str]:
+    """The tasks of the other heads that a transformers pipeline serves over whole texts (`Head.pipeline_class`)."""
+    return [head.task for head in hf_clusterformer_heads.HEADS if head.pipeline_class]
 
 
 def check_question_answering_config(config: dict, source: Any, task: str = TASK) -> None:
     """Raise `ValueError` in one line when the ``config.json`` values ``config`` of checkpoint ``source`` hold no
     ``task`` model: another model type (GPT-2, BERT), or a Cluster-Former model of another head (new and random)."""
     kind, heads = config.get("model_type"), config.get("architectures") or []
-    wanted = {"fill-mask": "MaskedLM", "text-classification": "SequenceClassification"}.get(task, _HEADS.get(task, "QuestionAnswering"))
+    wanted = find_head(task).class_name
     if kind not in (None, "clusterformer", "roberta"):
         raise ValueError(f"{source} is a {kind!r} checkpoint, not a Cluster-Former one; give a Cluster-Former "
                          f"{'QA ' if task == TASK else ''}checkpoint (a RoBERTa or BERT-family one converted by "

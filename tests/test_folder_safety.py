@@ -328,22 +328,30 @@ def test_ctrl_c_of_a_training_run_is_one_line_and_keeps_its_checkpoints(work, tm
     (out / "config.json").write_text('{"model_type": "clusterformer"}', encoding="utf-8")
     data = squad_jsonl(tmp_path / "train.jsonl", QUESTION, CONTEXT, "Tarsk", 4)
     args = [a for a in TINY_TRAIN if a not in ("--save_strategy", "no")]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "hf_clusterformer_cli", "train", "--train_file", str(data), "--output_dir", str(out),
-         "--overwrite", "--max_steps", "100000", "--save_steps", "1", "--save_total_limit", "2", *args],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV, stdin=subprocess.DEVNULL,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # a test worker's ignored SIGINT is inherited
+    log = tmp_path / "train.err"  # a file, not a pipe: a full pipe would stall the run, and reading it never end
+    with open(log, "w", encoding="utf-8") as err:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "hf_clusterformer_cli", "train", "--train_file", str(data), "--output_dir", str(out),
+             "--overwrite", "--max_steps", "100000", "--save_steps", "1", "--save_total_limit", "2", *args],
+            stdout=subprocess.DEVNULL, stderr=err, text=True, env=ENV, stdin=subprocess.DEVNULL,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # a test worker's ignored SIGINT is inherited
     try:
         deadline = time.time() + 240
-        while not list(out.glob(".clusterformer-write-*/checkpoint-2/trainer_state.json")):
-            assert process.poll() is None and time.time() < deadline, process.stderr.read()[-3000:]
+        # any saved checkpoint past the first (checkpoint-2 is rotated away once checkpoint-4 is saved)
+        while not [p for p in out.glob(".clusterformer-write-*/checkpoint-*/trainer_state.json")
+                   if p.parent.name != "checkpoint-1"]:
+            if process.poll() is not None or time.time() > deadline:
+                process.kill()
+                process.wait()
+                pytest.fail(f"no second checkpoint in 240 s (exit code {process.returncode}):\n"
+                            + log.read_text(encoding="utf-8")[-3000:])
             time.sleep(0.2)
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=120) == 130
-        lines = [line for line in process.stderr.read().strip().splitlines() if line.strip()]
     finally:
         process.kill()
-        process.stderr.close()
+        process.wait()
+    lines = [line for line in log.read_text(encoding="utf-8").strip().splitlines() if line.strip()]
     assert lines[-1].startswith("clusterformer: interrupted: ") and "left as it was" in lines[-1], lines[-5:]
     assert not any("Traceback" in line for line in lines), lines
     assert (out / "config.json").read_text(encoding="utf-8") == '{"model_type": "clusterformer"}'

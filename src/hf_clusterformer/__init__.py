@@ -10,7 +10,8 @@ Training-only parts (the `Trainer` callback, the centroid updater) and the Hub f
 inference never imports them.
 """
 
-import transformers
+import importlib
+
 from transformers import AutoConfig, AutoModel
 
 import hf_clusterformer_heads
@@ -38,6 +39,8 @@ def register_auto_classes() -> None:
     `hf_clusterformer_heads.HEADS` with its Auto class (done on import; again after a row is added)."""
     AutoConfig.register("clusterformer", ClusterFormerConfig, exist_ok=True)
     AutoModel.register(ClusterFormerConfig, ClusterFormerModel, exist_ok=True)
+    # the module now in sys.modules: importing `transformers.processing_utils` replaces the one first imported
+    transformers = importlib.import_module("transformers")
     for head in hf_clusterformer_heads.HEADS:
         model_class = getattr(modeling_clusterformer, head.class_name)
         getattr(transformers, head.auto_class).register(ClusterFormerConfig, model_class, exist_ok=True)
@@ -61,8 +64,6 @@ _LAZY = {
 
 def __getattr__(name: str):
     if name in _LAZY:
-        import importlib
-
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

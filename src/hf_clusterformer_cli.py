@@ -127,15 +127,9 @@ def check_cluster_former(path: str, command: str) -> None:
 
 def _weights_error(path: str, error: Exception) -> str:
     """A one-line message naming the unreadable safetensors file of checkpoint ``path``."""
-    from safetensors import SafetensorError, safe_open
+    from hf_clusterformer.loading import unreadable_weights
 
-    for file in sorted(Path(path).glob("*.safetensors")) if os.path.isdir(path) else []:
-        try:
-            with safe_open(str(file), framework="pt") as weights:
-                weights.keys()
-        except SafetensorError as bad:
-            return f"{file} is not a readable safetensors file ({bad}); save or download the checkpoint again."
-    return f"could not read the weights of {path}: {error}"
+    return unreadable_weights(path, error)
 
 
 def _load_qa_model(path: str, max_context_length: int | None = None, command: str = "predict"):

@@ -34,8 +34,14 @@ class Head:
     name: str
     #: The outputs of an exported program, in order.
     outputs: tuple[str, ...] = ("logits",)
-    #: How a model card describes the head (its template's ``head`` words; ``{mask}``: the mask token).
+    #: How a model card describes the head (its template's ``head`` words; ``{mask}``: the mask token), with the names
+    #: of its settings rows (``longest_prefix``, ``longest_text``, ``untrained_head``; by default a pair head's) and its
+    #: widget (``widget``: ``question`` with a context, ``masked text``, ``text`` (the default) or ``none``).
     card: Mapping[str, str] = field(default_factory=dict)
+    #: The card's usage snippet of the head, but for QA's (in the card's template): its imports and the code after
+    #: ``long_text`` is defined (``{repo}``, ``{load}``: the loading arguments, ``{mask}``, ``{task}``).
+    usage: tuple[str, str] = ("from transformers import pipeline",
+                              'run = pipeline("{task}", model="{repo}"{load})\nprint(run(long_text))\n')
     #: Where a BERT checkpoint's weights of this head go in the RoBERTa layout: source prefix -> target prefix.
     bert_weights: Mapping[str, str] = field(default_factory=dict)
     #: The transformers pipeline class that serves the head over whole texts (`hf_clusterformer.pipeline`), if any.
@@ -43,13 +49,23 @@ class Head:
 
 
 _PAIR_PREFIX = "the text's `<s>` (for a pair of texts, the first text)"
+_MULTIPLE_CHOICE_CALL = """question, options = "Where was the lighthouse keeper born?", ["Garlow", "Harrow", "Arden"]
+tokenizer = AutoTokenizer.from_pretrained("{repo}"{load})
+model = AutoModelForMultipleChoice.from_pretrained("{repo}"{load})
+choices = tokenizer([f"{{question}} {{option}}" for option in options], [long_text] * len(options), padding=True,
+                    return_tensors="pt")
+with torch.no_grad():
+    logits = model(**{{name: tensor.unsqueeze(0) for name, tensor in choices.items()}}).logits  # (1, choices)
+print(options[int(logits.argmax())])
+"""
 
 #: The heads, question answering (the default) first.
 HEADS: tuple[Head, ...] = (
     Head(
         "question-answering", "qa", "ClusterFormerForQuestionAnswering", "AutoModelForQuestionAnswering",
         ("ForQuestionAnswering",), "question-answering", ("start_logits", "end_logits"),
-        card={"prefix": "the question"},
+        card={"prefix": "the question", "longest_prefix": "Longest question", "longest_text": "Longest context",
+              "untrained_head": "QA head", "widget": "question"},
         bert_weights={"qa_outputs.": "qa_outputs."},
     ),
     Head(
@@ -61,7 +77,10 @@ HEADS: tuple[Head, ...] = (
             "prefix": _PAIR_PREFIX,
             "returns": "The pipeline returns the `top_k` most likely tokens for the mask token (`{mask}`, one per "
                        "text), each with its `score` and the filled-in `sequence`.",
+            "untrained_head": "Masked-LM head", "widget": "masked text",
         },
+        usage=("from transformers import pipeline", 'fill = pipeline("fill-mask", model="{repo}"{load})\n'
+               'print(fill(long_text + " She was born in {mask}.", top_k=3))\n'),
         # BERT's MLM transform is ``lm_head``; the decoder is tied to the word embeddings
         bert_weights={"cls.predictions.transform.dense.": "lm_head.dense.",
                       "cls.predictions.transform.LayerNorm.": "lm_head.layer_norm.",
@@ -77,7 +96,10 @@ HEADS: tuple[Head, ...] = (
                       "label",
             "prefix": _PAIR_PREFIX,
             "returns": "The pipeline returns a `label` and its `score` (with `top_k=None`, every label).",
+            "untrained_head": "Classification head",
         },
+        usage=("from transformers import pipeline", 'classify = pipeline("text-classification", model="{repo}"{load})\n'
+               "print(classify(long_text, top_k=None))\n"),
         # BERT's pooler + classifier is RoBERTa's classification head
         bert_weights={"roberta.pooler.dense.": "classifier.dense.", "classifier.": "classifier.out_proj."},
         pipeline_class="TextClassificationPipeline",
@@ -91,7 +113,10 @@ HEADS: tuple[Head, ...] = (
             "prefix": _PAIR_PREFIX,
             "returns": "The pipeline returns an entry per token (`entity`, `score`, `word`, `start`, `end`), leaving "
                        "out the labels of `ignore_labels`; `aggregation_strategy` groups them into words or spans.",
+            "untrained_head": "Token-classification head",
         },
+        usage=("from transformers import pipeline", 'tag = pipeline("token-classification", model="{repo}"{load})\n'
+               "print(tag(long_text)[:10])\n"),
         bert_weights={"classifier.": "classifier."},
         pipeline_class="TokenClassificationPipeline",
     ),
@@ -104,7 +129,10 @@ HEADS: tuple[Head, ...] = (
             "output": "the head scores it from the mean of the windows' `<s>` states",
             "prefix": "the question and the option",
             "returns": "`logits` holds a score per choice, (batch, choices); the highest is the model's answer.",
+            "longest_prefix": "Longest question and option", "longest_text": "Longest context",
+            "untrained_head": "Multiple-choice head", "widget": "none",  # the Hub has no widget for it
         },
+        usage=("import torch\nfrom transformers import AutoModelForMultipleChoice, AutoTokenizer", _MULTIPLE_CHOICE_CALL),
         bert_weights={"roberta.pooler.": "roberta.pooler.", "classifier.": "classifier."},
     ),
 )

@@ -412,6 +412,11 @@ def test_damaged_weights_name_the_file(model_dir, context, data_files, workdir, 
                          "--eval_samples", "2",
                          "--output_dir", str(workdir / "eval-broken"), "--report_to", "none", "--use_cpu"],
                 str(broken / "model.safetensors"), "not a readable safetensors file")
+    for command in (["export", str(broken), str(workdir / f"broken-{damage}.onnx")],
+                    ["card", str(broken), "--out", str(workdir / f"broken-{damage}.md")],
+                    ["convert", str(broken), str(workdir / f"broken-{damage}-converted")]):
+        _main_error(capsys, command, str(broken / "model.safetensors"), "not a readable safetensors file",
+                    "save or download the checkpoint again")
 
 
 def test_train_option_errors_are_one_line(workdir, capsys):

@@ -5,6 +5,7 @@ the Auto registrations, the Hub's ``auto_map``, conversion's ``task``, export, t
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import pytest
 import transformers
@@ -47,7 +48,9 @@ def ranking(monkeypatch):
     transformers."""
     monkeypatch.setattr(hf_clusterformer_heads, "HEADS", (*hf_clusterformer_heads.HEADS, RANKING))
     monkeypatch.setattr(modeling_clusterformer, ClusterFormerForRanking.__name__, ClusterFormerForRanking, raising=False)
-    monkeypatch.setattr(transformers, AutoModelForRanking.__name__, AutoModelForRanking, raising=False)
+    # on the module registration reads (sys.modules' now: an import of transformers.processing_utils replaces it)
+    for module in {id(m): m for m in (transformers, sys.modules["transformers"])}.values():
+        monkeypatch.setattr(module, AutoModelForRanking.__name__, AutoModelForRanking, raising=False)
     monkeypatch.setattr(AutoModelForRanking, "registered", [])
     return RANKING
 
@@ -91,6 +94,18 @@ def test_a_new_rows_card_words(ranking):
     assert text["head"] == {**ranking.card, "returns": "A score per text (<mask> unused)."}
     assert 'pipeline("text-ranking", model="me/ranker")' in text["plugin_snippet"]
     assert modelcard._card_task(tiny_config(), "text-ranking", None) == "text-ranking"
+
+
+def test_a_new_row_gets_a_whole_card(ranking):
+    """Its settings rows, widget and snippets come from the row (a pair head's defaults where it names none)."""
+    config = tiny_config()
+    config.untrained_weights = {"names": ["classifier.out_proj.weight"]}
+    card = str(modelcard.make_model_card(config, task="text-ranking", model_id="me/ranker"))
+    assert "pipeline_tag: text-ranking" in card
+    assert "| Longest first text of a pair |" in card and "| Longest text |" in card
+    assert "| Ranking head | newly initialised, never trained: fine-tune before use |" in card
+    assert 'run = pipeline("text-ranking", model="me/ranker")' in card
+    assert modelcard.default_widget("text-ranking")[0].keys() == {"text", "example_title"}
 
 
 def test_the_command_offers_a_new_rows_task(ranking):

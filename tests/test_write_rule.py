@@ -27,7 +27,8 @@ import hf_clusterformer
 from hf_clusterformer import ClusterFormerConfig, ClusterFormerForQuestionAnswering, ClusterFormerModel
 from hf_clusterformer.data.tokenizer import build_tokenizer
 from hf_clusterformer.conversion import convert_checkpoint
-from hf_clusterformer.hub import ModelFolderExistsError, default_mode, save_for_hub
+from hf_clusterformer.hub import ModelFolderExistsError, save_for_hub
+from hf_clusterformer_files import default_mode
 from hf_clusterformer_cli import main
 
 SENTENCES = [

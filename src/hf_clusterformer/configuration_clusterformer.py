@@ -286,8 +286,8 @@ class ClusterFormerConfig(RobertaConfig):
 
 
 __all__ = [
-    "ClusterFormerConfig", "GLOBAL_LAYER_TYPES", "LAYER_KIND_SHORTCUTS", "LAYER_TYPES", "LayerKind",
-    "MAX_CONTEXT_LENGTH", "PAIR_SPECIAL_TOKENS", "QUESTION_PREFIX_SPECIAL_TOKENS", "ROUTED_LAYER_TYPES",
-    "SLIDING_LAYER_TYPE", "check_context_length", "default_cluster_layers", "layer_kinds_from_shortcuts",
-    "required_position_embeddings", "suggested_num_clusters",
+    "ClusterFormerConfig",
+    "MAX_CONTEXT_LENGTH",
+    "required_position_embeddings",
+    "suggested_num_clusters",
 ]

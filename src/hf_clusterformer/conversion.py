@@ -37,13 +37,7 @@ from .modeling_clusterformer import (
 )
 
 __all__ = [
-    "CONVERTIBLE_TYPES",
     "ConversionTaskError",
-    "ConvertedCheckpoint",
-    "MAX_CONTEXT_LENGTH",
-    "ModelOption",
-    "check_centroid_memory",
-    "check_context_length",
     "checkpoint_model_type",
     "convert_checkpoint",
     "load_qa_model",

@@ -44,7 +44,7 @@ from hf_clusterformer_heads import find_head
 
 from .configuration_clusterformer import ClusterFormerConfig
 from . import modeling_clusterformer
-from .loading import check_checkpoint_source
+from .loading import check_checkpoint_source, unreadable_weights
 from .modeling_clusterformer import (
     BatchSizes,
     ClusterFormerForMultipleChoice,
@@ -59,9 +59,12 @@ from .modeling_clusterformer import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["EXPORT_CLASSES", "FORMATS", "FORMAT_SUFFIXES", "INPUT_NAMES", "QUANTIZATIONS", "ExportError",
-           "ExportedHead", "ExportedModel", "export_format", "export_model", "export_program", "example_inputs",
-           "load_exported", "load_for_export", "output_names", "program_inputs", "write_program"]
+__all__ = [
+    "ExportError",
+    "ExportedModel",
+    "export_model",
+    "load_exported",
+]
 
 #: What `export_model` writes: an ONNX file, or a `torch.export` program.
 FORMATS = ("onnx", "torch")
@@ -254,7 +257,7 @@ def load_for_export(path: str | os.PathLike) -> ClusterFormerPreTrainedModel:
     try:
         model = EXPORT_CLASSES[names[0]].from_pretrained(path)
     except (OSError, ValueError, SafetensorError) as error:
-        raise ExportError(f"could not load the weights of {path}: {error}") from error
+        raise ExportError(unreadable_weights(path, error)) from error
     return model.eval()
 
 

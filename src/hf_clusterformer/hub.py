@@ -25,21 +25,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-# the file policy (which files a model owns, modes, writing a folder at once) has one home; re-exported here
+# the file policy (which files a model owns, modes, writing a folder at once) has one home
 from hf_clusterformer_files import (
     CODE_FILES,
     CUSTOM_PIPELINE,
-    MODEL_FILE_NAMES,
-    MODEL_FILE_PATTERNS,
-    RESULT_FILES,
     ModelFolderExistsError,
-    check_output_dir,
-    check_result_files,
-    default_mode,
-    holds_model,
-    owned_by_model,
     apply_auto_map,
-    writing_model_dir,
     write_model_folder,
 )
 import hf_clusterformer_heads
@@ -56,28 +47,11 @@ from .modeling_clusterformer import (
 from .pipeline import TASK
 
 __all__ = [
-    "CODE_FILES",
-    "PICKLE_SUFFIXES",
     "ModelFolderExistsError",
-    "check_output_dir",
-    "check_result_files",
-    "default_mode",
-    "owned_by_model",
-    "MODEL_FILE_NAMES",
-    "MODEL_FILE_PATTERNS",
-    "RESULT_FILES",
-    "holds_model",
-    "writing_model_dir",
     "check_hub_checkpoint",
-    "check_repo_id",
-    "hub_auto_map",
-    "hub_files",
-    "hub_code_imports",
     "prepare_for_hub",
     "push_model",
-    "quiet_loading",
     "save_for_hub",
-    "write_checkpoint",
 ]
 
 logger = logging.getLogger(__name__)
@@ -187,7 +161,8 @@ def save_for_hub(
             ``results``, ``centroid_fitting``, ...); the centroid state is read from the model.
         max_shard_size: safetensors shard size.
         overwrite: replace a model already in ``save_dir`` (and files of the user's with a model file's name; other
-            files are kept, `writing_model_dir`); without it such a folder is refused with `ModelFolderExistsError`.
+            files are kept, `hf_clusterformer_files.writing_model_dir`); without it such a folder is refused with
+            `ModelFolderExistsError`.
 
     Returns:
         The directory. Raises `ValueError` if the result fails `check_hub_checkpoint` (``save_dir`` is then left

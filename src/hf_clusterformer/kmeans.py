@@ -20,16 +20,9 @@ import torch.nn.functional as F
 from .modeling_clusterformer import order_centroids_greedy
 
 __all__ = [
-    "BACKENDS",
-    "ClusterStats",
     "KMeansResult",
     "NotEnoughStatesError",
-    "all_reduce_sum",
     "available_backends",
-    "default_process_group",
-    "faiss_available",
-    "faiss_gpu_available",
-    "resolve_backend",
     "spherical_kmeans",
 ]
 

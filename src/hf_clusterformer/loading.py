@@ -79,6 +79,22 @@ def check_checkpoint_source(source: Any, what: str = "checkpoint") -> str:
         )
     return path
 
+def unreadable_weights(path: str | os.PathLike, error: Exception) -> str:
+    """One line for a checkpoint whose weights did not load (``error``): the safetensors file of ``path`` that cannot
+    be read and the fix, or the error."""
+    from pathlib import Path
+
+    from safetensors import SafetensorError, safe_open
+
+    for file in sorted(Path(path).glob("*.safetensors")) if os.path.isdir(path) else []:
+        try:
+            with safe_open(str(file), framework="pt") as weights:
+                weights.keys()
+        except SafetensorError as bad:
+            return f"{file} is not a readable safetensors file ({bad}); save or download the checkpoint again."
+    return f"could not read the weights of {path}: {error}"
+
+
 def register_pipeline() -> None:
     """Register the pipeline as transformers' ``question-answering`` task for the rest of the process (idempotent),
     taking the name off ``transformers.pipelines.REMOVED_TASKS``. Importing the package does not call this."""

@@ -32,17 +32,9 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from .configuration_clusterformer import ClusterFormerConfig
 
 __all__ = [
-    "CITATION",
-    "GENERATED_DATASETS",
-    "GENERATED_MARK",
     "card_from_spec",
-    "checkpoint_centroids_fitted",
-    "checkpoint_mask_token",
-    "default_widget",
-    "load_results",
     "main",
     "make_model_card",
-    "run_card_data",
 ]
 
 CITATION = """@inproceedings{wang-etal-2021-cluster,
@@ -140,11 +132,12 @@ def default_widget(task: str = DEFAULT_TASK, mask_token: str = "<mask>") -> list
         "The lighthouse keeper of the northern cape, Maren Holt, was born in Garlow and moved to the coast at nineteen."
     )
     context = "\n\n".join(paragraphs)
-    if task == "multiple-choice":
+    widget = find_head(task).card.get("widget", "text")
+    if widget == "none":
         return []
-    if task == "question-answering":
+    if widget == "question":
         return [{"text": "Where was the lighthouse keeper born?", "context": context, "example_title": "Long context"}]
-    if task == "fill-mask":
+    if widget == "masked text":
         context += f"\n\nThe keeper still goes back to {mask_token} every spring."
     return [{"text": context, "example_title": "Long context"}]
 
@@ -319,41 +312,14 @@ def _task_text(task: str, repo: str, long_text: str, mask: str, revision: str) -
     return text
 
 
-#: The pipeline call of each head's usage snippet (``{repo}``, ``{load}``: the loading arguments, ``{mask}``).
-_PIPELINE_CALLS = {
-    "fill-mask": 'fill = pipeline("fill-mask", model="{repo}"{load})\n'
-                 'print(fill(long_text + " She was born in {mask}.", top_k=3))\n',
-    "text-classification": 'classify = pipeline("text-classification", model="{repo}"{load})\n'
-                           "print(classify(long_text, top_k=None))\n",
-    "token-classification": 'tag = pipeline("token-classification", model="{repo}"{load})\n'
-                            "print(tag(long_text)[:10])\n",
-}
-#: The pipeline call of a head with none of its own above.
-_PIPELINE_CALL = 'run = pipeline("{task}", model="{repo}"{load})\nprint(run(long_text))\n'
-_MULTIPLE_CHOICE = """import torch
-from transformers import AutoModelForMultipleChoice, AutoTokenizer
-
-long_text = {long_text}  # your long document{revision}
-question, options = "Where was the lighthouse keeper born?", ["Garlow", "Harrow", "Arden"]
-tokenizer = AutoTokenizer.from_pretrained("{repo}"{load})
-model = AutoModelForMultipleChoice.from_pretrained("{repo}"{load})
-choices = tokenizer([f"{{question}} {{option}}" for option in options], [long_text] * len(options), padding=True,
-                    return_tensors="pt")
-with torch.no_grad():
-    logits = model(**{{name: tensor.unsqueeze(0) for name, tensor in choices.items()}}).logits  # (1, choices)
-print(options[int(logits.argmax())])
-"""
-
-
 def _usage(task: str, repo: str, long_text: str, mask: str, remote: bool, revision: str = "main") -> str:
     """The usage snippet of a head other than QA's (with the plugin imported before it, or ``remote``: the code stored
     with the checkpoint, pinned to ``revision``): a pipeline call, or the model called on (1, choices, length) inputs."""
     load = ", trust_remote_code=True, revision=revision" if remote else ""
     pinned = f'\nrevision = "{revision}"' if remote else ""
-    if task == "multiple-choice":
-        return _MULTIPLE_CHOICE.format(long_text=long_text, revision=pinned, repo=repo, load=load)
-    call = _PIPELINE_CALLS.get(task, _PIPELINE_CALL).format(task=task, repo=repo, load=load, mask=mask)
-    return f"from transformers import pipeline\n\nlong_text = {long_text}  # your long document{pinned}\n{call}"
+    imports, call = find_head(task).usage
+    call = call.format(task=task, repo=repo, load=load, mask=mask)
+    return f"{imports}\n\nlong_text = {long_text}  # your long document{pinned}\n{call}"
 
 
 #: The filler paragraph of the usage snippets' stand-in for a long document.
@@ -388,23 +354,16 @@ def _eval_results(results: list[dict[str, Any]]) -> list[EvalResult]:
     ]
 
 
-#: The settings rows that name a head's parts: (longest prefix, longest text, untrained head) per task.
-_SETTING_NAMES = {
-    "question-answering": ("Longest question", "Longest context", "QA head"),
-    "fill-mask": ("Longest first text of a pair", "Longest text", "Masked-LM head"),
-    "text-classification": ("Longest first text of a pair", "Longest text", "Classification head"),
-    "token-classification": ("Longest first text of a pair", "Longest text", "Token-classification head"),
-    "multiple-choice": ("Longest question and option", "Longest context", "Multiple-choice head"),
-}
-
-
 def _settings_rows(
     config: ClusterFormerConfig, centroids_fitted: Mapping[int, bool] | None, task: str = DEFAULT_TASK
 ) -> list[tuple[str, str]]:
     """The card's configuration table: (setting, value) rows."""
     kinds = config.layer_kinds
     untrained = (getattr(config, "untrained_weights", None) or {}).get("names")
-    prefix, text, head = _SETTING_NAMES[task]
+    row = find_head(task)
+    prefix = row.card.get("longest_prefix", "Longest first text of a pair")
+    text = row.card.get("longest_text", "Longest text")
+    head = row.card.get("untrained_head", f"{row.name[:1].upper()}{row.name[1:]} head")
     refused = " (the pipeline refuses it until then)" if task == DEFAULT_TASK else ""
     return [
         ("Encoder layers", f"{config.num_hidden_layers} (hidden size {config.hidden_size}, "
@@ -513,7 +472,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m hf_clusterfor
     except Exception as error:  # a damaged weights file (safetensors' own error type)
         if type(error).__name__ != "SafetensorError":
             raise
-        message = f"the weights of {args.checkpoint} cannot be read ({error}); write the checkpoint again."
+        from .loading import unreadable_weights
+
+        message = unreadable_weights(args.checkpoint, error)
     print(f"{label}: error: {' '.join(message.split())}", file=sys.stderr)
     return 2
 

@@ -27,7 +27,7 @@ from transformers import (
     set_seed,
 )
 
-from hf_clusterformer_files import run_output_dir
+from hf_clusterformer_files import RESULT_FILES, check_result_files, run_output_dir
 
 from .callback import CentroidUpdateCallback, FiniteTrainingCallback
 from .centroid_updates import SMALL_MODEL_CENTROIDS, CentroidUpdateSettings
@@ -41,7 +41,7 @@ from .features import (
     prepare_train_features,
     prepare_validation_features,
 )
-from .hub import RESULT_FILES, check_result_files, write_checkpoint
+from .hub import write_checkpoint
 from .metrics import load_squad_metric
 from .modelcard import run_card_data
 from .modeling_clusterformer import ClusterFormerForQuestionAnswering, check_trained, locate_question_prefix
@@ -520,7 +520,7 @@ def run(
 ) -> dict[str, Any]:
     """Train and/or evaluate; save model, tokenizer, metrics and model card to ``training_args.output_dir``.
 
-    Training into an ``output_dir`` that holds a model or a run's records (`hf_clusterformer.hub.RESULT_FILES`) is
+    Training into an ``output_dir`` that holds a model or a run's records (`hf_clusterformer_files.RESULT_FILES`) is
     refused (`hf_clusterformer.hub.ModelFolderExistsError`) unless ``model_args.overwrite`` (or
     ``resume_from_checkpoint``); the run writes into a staging folder whose files are put in place in ``output_dir``
     when the run ends (`hf_clusterformer_files.writing_model_dir`: only the library's own files are replaced). An evaluation writes its records over
@@ -608,7 +608,7 @@ def _run(model_args, data_args, centroid_args, training_args, callbacks, name: s
 
 def main(argv: list[str] | None = None, prog: str | None = None, usage_errors_raise: bool = False) -> dict[str, Any]:
     """Entry point of examples/run_qa.py and ``clusterformer train`` / ``evaluate`` (see `parse_args`); an evaluation
-    into a folder that holds a run's records (`hf_clusterformer.hub.RESULT_FILES`) is refused without
+    into a folder that holds a run's records (`hf_clusterformer_files.RESULT_FILES`) is refused without
     ``--overwrite``."""
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     logging.getLogger("faiss").setLevel(logging.WARNING)  # which SIMD build it loaded, on every run
@@ -621,21 +621,12 @@ def main(argv: list[str] | None = None, prog: str | None = None, usage_errors_ra
 
 
 __all__ = [
-    "CENTROID_FLAGS",
     "CentroidArguments",
     "DataArguments",
     "ModelArguments",
-    "SMALL_MODEL_CENTROIDS",
-    "centroid_arguments",
-    "centroid_flag_options",
-    "load_model",
-    "load_raw_datasets",
-    "load_tokenizer",
     "make_trainer",
     "main",
-    "parse_args",
     "predict_answers",
-    "print_help",
     "run",
 ]
 

@@ -25,7 +25,8 @@ import torch
 from hf_clusterformer.centroid_updates import CentroidUpdater
 from hf_clusterformer.features import prepare_train_features, prepare_validation_features
 from hf_clusterformer.conversion import convert_checkpoint
-from hf_clusterformer.hub import check_output_dir, quiet_loading, save_for_hub
+from hf_clusterformer.hub import quiet_loading, save_for_hub
+from hf_clusterformer_files import check_output_dir
 from hf_clusterformer.modeling_clusterformer import ClusterFormerForQuestionAnswering
 from hf_clusterformer.pipeline import rank_spans
 

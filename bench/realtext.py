@@ -151,12 +151,6 @@ HELP = {
     "eval_log_every": "questions between a cell's partial saves and progress lines",
     "bootstrap_samples": "resamples of the paired bootstrap",
 }
-INTEGERS = ("threads", "threads_a", "time_limit", "layers", "cluster_layer", "num_clusters", "window_size",
-            "window_stride", "max_question_length", "update_every_steps", "memory_size", "min_states",
-            "max_capture_per_forward", "a_questions", "a_steps", "a_batch", "a_max_length", "a_warmup", "a_seconds",
-            "a_eval_questions", "a_eval_every", "fit_batches", "b_steps", "b_min_steps", "b_batch", "b_seconds",
-            "probe_steps", "eval_questions", "question_seed", "eval_batch", "max_answer_length", "checkpoint_every",
-            "log_every", "eval_log_every", "bootstrap_samples")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -173,11 +167,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--squad_path", help="SQuAD v1.1 dev JSON or zip (default $CLUSTERFORMER_SQUAD_PATH or ../shared/data)")
     add("--pretrained", help="all-MiniLM-L6-v2 folder (default the verified cache; a packed copy works)")
     add("--parallel", action=argparse.BooleanOptionalAction, help="one process per model after stage A")
-    for name in ("seeds", "b_tokens", "other_lengths", "same_lengths", "start_lengths"):
-        add(f"--{name}", type=int, nargs="+", help=HELP[name] + " (%(default)s)")
-    for name, kind in [*((n, int) for n in INTEGERS), ("a_lr", float), ("b_lr", float), ("b_warmup", float),
-                       ("device", str), ("dtype", str)]:
-        add(f"--{name}", type=kind, help=HELP[name] + " (%(default)s)")
+    for name, default in CPU.items():  # a setting's type is its default's (lists of ints; no default: an int)
+        if isinstance(default, list):
+            add(f"--{name}", type=int, nargs="+", help=HELP[name] + " (%(default)s)")
+        elif not isinstance(default, bool):
+            add(f"--{name}", type=int if default is None else type(default), help=HELP[name] + " (%(default)s)")
     add("--report_only", action="store_true", help="rebuild the record from --output_dir and stop")
     add("--plan_only", action="store_true", help="print the plan and its estimated time and stop")
     add("--worker_seed", type=int, help=argparse.SUPPRESS)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 from pathlib import Path
 
 import torch
@@ -84,4 +85,41 @@ def squad_jsonl(path: Path, question: str, context: str, answer: str, count: int
     rows = [{"id": str(i), "title": "t", "question": question, "context": context,
              "answers": {"text": [answer], "answer_start": [start]}} for i in range(count)]
     path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path
+
+
+# -- a tiny world for the commands' tests: three sentences, a question (answer: Tarsk), a tokenizer, a checkpoint ------
+
+SENTENCES = [
+    "Zorvan lives with Melka in the old house by the river.",
+    "Melka lives in Tarsk, a town known for its bridge.",
+    "The market was quiet that morning and the road was wet.",
+]
+QUESTION = "Where does Melka live?"
+CONTEXT = " ".join(SENTENCES[i % 3] for i in range(12))
+#: ``clusterformer convert`` options for a tiny model: one cluster layer, 4 clusters, 32-token windows.
+SMALL = ["--cluster-layers", "1", "--num-clusters", "4", "--window-size", "32", "--window-stride", "24",
+         "--max-question-length", "16"]
+#: The environment of a command run in a child process: one thread, no Hub.
+CHILD_ENV = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+
+
+def sentence_tokenizer():
+    """A byte-level BPE tokenizer (300 ids) trained on `SENTENCES` and `QUESTION`."""
+    from hf_clusterformer.data import build_tokenizer
+
+    return build_tokenizer(SENTENCES * 4 + [QUESTION], vocab_size=300)
+
+
+def tiny_roberta(path: Path, tokenizer, head=None, seed: int = 1, **config) -> Path:
+    """Save a tiny RoBERTa checkpoint (2 layers, 32 wide) with ``head`` (a transformers RoBERTa class; default the
+    plain encoder, no pooler) and ``tokenizer`` to ``path``."""
+    from transformers import RobertaConfig, RobertaModel
+
+    config = RobertaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                           intermediate_size=64, max_position_embeddings=514, type_vocab_size=1, **config)
+    torch.manual_seed(seed)
+    head = head or RobertaModel
+    (head(config, add_pooling_layer=False) if head is RobertaModel else head(config)).save_pretrained(path)
+    tokenizer.save_pretrained(path)
     return path

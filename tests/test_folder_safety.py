@@ -16,12 +16,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import squad_jsonl, tiny_config
+from helpers import (
+    CHILD_ENV, CONTEXT, QUESTION, SENTENCES, SMALL, sentence_tokenizer, squad_jsonl, tiny_config, tiny_roberta,
+)
 from safetensors.torch import load_file, save_file
 from transformers import RobertaConfig, RobertaForQuestionAnswering
 
 from hf_clusterformer import ClusterFormerForQuestionAnswering
-from hf_clusterformer.data.tokenizer import build_tokenizer
 from hf_clusterformer.hub import save_for_hub
 from hf_clusterformer_cli import main
 from hf_clusterformer_files import (
@@ -32,19 +33,12 @@ from hf_clusterformer_files import (
     writing_model_dir,
 )
 
-SENTENCES = ["Zorvan lives with Melka in the old house by the river.",
-             "Melka lives in Tarsk, a town known for its bridge."]
-QUESTION = "Where does Melka live?"
-CONTEXT = " ".join(SENTENCES[i % 2] for i in range(8))
-SMALL = ["--cluster-layers", "1", "--num-clusters", "4", "--window-size", "32", "--window-stride", "24",
-         "--max-question-length", "16"]
 TINY_TRAIN = [
     "--hidden_size", "32", "--num_hidden_layers", "2", "--num_attention_heads", "2", "--intermediate_size", "64",
     "--window_size", "32", "--window_stride", "24", "--max_question_length", "16", "--cluster_layers", "1",
     "--num_clusters", "4", "--vocab_size", "300", "--per_device_train_batch_size", "2", "--report_to", "none",
     "--use_cpu", "--seed", "0", "--save_strategy", "no", "--disable_tqdm", "true",
 ]
-ENV = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
 
 
 @pytest.fixture(scope="module")
@@ -54,20 +48,13 @@ def work(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return build_tokenizer(SENTENCES * 4 + [QUESTION], vocab_size=300)
+    return sentence_tokenizer()
 
 
 @pytest.fixture(scope="module")
 def roberta(work, tokenizer) -> Path:
     """A plain tiny RoBERTa QA checkpoint with its tokenizer (what ``convert`` reads)."""
-    config = RobertaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                           intermediate_size=64, max_position_embeddings=514, type_vocab_size=1, pad_token_id=1,
-                           bos_token_id=0, eos_token_id=2)
-    torch.manual_seed(1)
-    path = work / "roberta"
-    RobertaForQuestionAnswering(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return tiny_roberta(work / "roberta", tokenizer, RobertaForQuestionAnswering)
 
 
 def _snapshot(folder: Path) -> dict[str, bytes | str]:
@@ -333,7 +320,7 @@ def test_ctrl_c_of_a_training_run_is_one_line_and_keeps_its_checkpoints(work, tm
         process = subprocess.Popen(
             [sys.executable, "-m", "hf_clusterformer_cli", "train", "--train_file", str(data), "--output_dir", str(out),
              "--overwrite", "--max_steps", "100000", "--save_steps", "1", "--save_total_limit", "2", *args],
-            stdout=subprocess.DEVNULL, stderr=err, text=True, env=ENV, stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=err, text=True, env=CHILD_ENV, stdin=subprocess.DEVNULL,
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # a test worker's ignored SIGINT is inherited
     try:
         deadline = time.time() + 240

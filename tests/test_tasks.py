@@ -17,7 +17,6 @@ import torch
 from huggingface_hub import metadata_load
 from test_remote_code import HIDE_PACKAGE
 from transformers import (
-    RobertaConfig,
     RobertaForMaskedLM,
     RobertaForMultipleChoice,
     RobertaForQuestionAnswering,
@@ -31,11 +30,10 @@ from hf_clusterformer.conversion import ConversionTaskError, convert_checkpoint
 from hf_clusterformer.data.tokenizer import build_tokenizer
 from hf_clusterformer.modelcard import default_widget, make_model_card
 from hf_clusterformer import modeling_clusterformer
-from hf_clusterformer.modeling_clusterformer import untrained_weights
 from hf_clusterformer_cli import build_parser, main
 from hf_clusterformer_heads import HEADS, find_head, head_tasks
 
-from helpers import tiny_config
+from helpers import tiny_config, tiny_roberta
 
 #: RoBERTa's class with each head, by pipeline task.
 ROBERTA_HEADS = {
@@ -63,13 +61,8 @@ def tokenizer():
 
 
 def _roberta(tokenizer, path: Path, head) -> Path:
-    config = RobertaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                           intermediate_size=64, max_position_embeddings=514, type_vocab_size=1,
-                           num_labels=3 if head in (RobertaForSequenceClassification, RobertaForTokenClassification) else 2)
-    torch.manual_seed(len(str(path)))
-    (head(config, add_pooling_layer=False) if head is RobertaModel else head(config)).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    labels = 3 if head in (RobertaForSequenceClassification, RobertaForTokenClassification) else 2
+    return tiny_roberta(path, tokenizer, head, seed=len(str(path)), num_labels=labels)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
 import subprocess
 import sys
@@ -15,10 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import squad_jsonl, tiny_config
+from helpers import (
+    CHILD_ENV, CONTEXT, QUESTION, SENTENCES, SMALL, sentence_tokenizer, squad_jsonl, tiny_config, tiny_roberta,
+)
 from safetensors.torch import load_file
 from test_remote_code import HIDE_PACKAGE
-from transformers import BertConfig, BertForQuestionAnswering, BertTokenizerFast, RobertaConfig, RobertaModel
+from transformers import BertConfig, BertForQuestionAnswering, BertTokenizerFast
 
 import hf_clusterformer
 from hf_clusterformer import ClusterFormerForQuestionAnswering
@@ -28,16 +29,6 @@ from hf_clusterformer.hub import ModelFolderExistsError, save_for_hub
 from hf_clusterformer.modeling_clusterformer import UntrainedModelError, untrained_weights
 from hf_clusterformer.pipeline import ClusterFormerQuestionAnsweringPipeline
 
-SENTENCES = [
-    "Zorvan lives with Melka in the old house by the river.",
-    "Melka lives in Tarsk, a town known for its bridge.",
-    "The market was quiet that morning and the road was wet.",
-]
-QUESTION = "Where does Melka live?"
-CONTEXT = " ".join(SENTENCES[i % 3] for i in range(12))
-SMALL = ["--cluster-layers", "1", "--num-clusters", "4", "--window-size", "32", "--window-stride", "24",
-         "--max-question-length", "16"]
-ENV = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
 
 
 @pytest.fixture(scope="module")
@@ -49,19 +40,13 @@ def work(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return build_tokenizer(SENTENCES * 4 + [QUESTION], vocab_size=300)
+    return sentence_tokenizer()
 
 
 @pytest.fixture(scope="module")
 def roberta(work, tokenizer) -> Path:
     """A plain tiny RoBERTa encoder (no QA head) with its tokenizer."""
-    config = RobertaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                           intermediate_size=64, max_position_embeddings=514, type_vocab_size=1)
-    torch.manual_seed(1)
-    path = work / "roberta"
-    RobertaModel(config, add_pooling_layer=False).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return tiny_roberta(work / "roberta", tokenizer)
 
 
 @pytest.fixture(scope="module")
@@ -222,7 +207,7 @@ def test_a_bert_tokenizer_with_a_roberta_based_model_is_one_line(work, converted
 def _without_package(code: str, *args: str) -> subprocess.CompletedProcess:
     """Run ``code`` where ``hf_clusterformer`` cannot be imported, with no standard input (a prompt fails at once)."""
     return subprocess.run([sys.executable, "-c", HIDE_PACKAGE + code, *args], capture_output=True, text=True,
-                          env=ENV, stdin=subprocess.DEVNULL, timeout=120)
+                          env=CHILD_ENV, stdin=subprocess.DEVNULL, timeout=120)
 
 
 def test_plain_save_pretrained_loads_without_the_package(tmp_path):
@@ -236,7 +221,7 @@ torch.manual_seed(0)
 model = ClusterFormerForQuestionAnswering(tiny_config()).eval()
 model.save_pretrained(sys.argv[1])
 """
-    subprocess.run([sys.executable, "-c", save, str(tmp_path / "plain")], check=True, capture_output=True, env=ENV,
+    subprocess.run([sys.executable, "-c", save, str(tmp_path / "plain")], check=True, capture_output=True, env=CHILD_ENV,
                    timeout=120)
     model = ClusterFormerForQuestionAnswering.from_pretrained(tmp_path / "plain").eval()
     ids = torch.tensor([[0, 5, 6, 2, 2, *range(7, 40), 2]])
@@ -302,7 +287,7 @@ def test_every_card_snippet_runs(tmp_path, tokenizer):
     blocks = re.findall(r"```python\n(.*?)```", card, flags=re.S)
     assert len(blocks) == 2 and "trust_remote_code=True" in blocks[1].split("AutoTokenizer.from_pretrained")[1]
     with_plugin = subprocess.run([sys.executable, "-c", blocks[0].replace("path/to/checkpoint", str(folder))],
-                                 capture_output=True, text=True, env=ENV, stdin=subprocess.DEVNULL, timeout=120)
+                                 capture_output=True, text=True, env=CHILD_ENV, stdin=subprocess.DEVNULL, timeout=120)
     assert with_plugin.returncode == 0, with_plugin.stderr[-3000:]
     without = _without_package("\n" + blocks[1].replace("path/to/checkpoint", str(folder)))
     assert without.returncode == 0, without.stderr[-3000:]
@@ -326,7 +311,7 @@ def test_convert_is_deterministic_across_processes(roberta, tmp_path):
         argv = ["convert", str(roberta), str(tmp_path / name), *SMALL, "--seed", seed, "--allow-untrained"]
         if name == "a":
             subprocess.run([sys.executable, "-m", "hf_clusterformer_cli", *argv], check=True, capture_output=True,
-                           env=ENV, timeout=180)
+                           env=CHILD_ENV, timeout=180)
         else:
             assert main(argv) == 0
         heads.append(load_file(tmp_path / name / "model.safetensors")["qa_outputs.weight"])
@@ -398,11 +383,11 @@ def test_commands_are_quiet_unless_verbose(converted, work):
     """No progress bars or loading reports by default; the unfitted-centroid warning once; -v shows the rest."""
     command = [sys.executable, "-m", "hf_clusterformer_cli", "predict", str(converted), "--question", QUESTION,
                "--context-file", str(work / "context.txt"), "--allow-untrained"]
-    quiet = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=180)
+    quiet = subprocess.run(command, capture_output=True, text=True, env=CHILD_ENV, timeout=180)
     assert quiet.returncode == 0, quiet.stderr[-2000:]
     lines = quiet.stderr.strip().splitlines()
     assert len(lines) == 1 and "never fitted" in lines[0], lines
-    verbose = subprocess.run([*command, "-v"], capture_output=True, text=True, env=ENV, timeout=180)
+    verbose = subprocess.run([*command, "-v"], capture_output=True, text=True, env=CHILD_ENV, timeout=180)
     assert verbose.returncode == 0 and "Loading weights" in verbose.stderr
 
 

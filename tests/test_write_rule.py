@@ -9,7 +9,6 @@ Commands run through a subprocess (the console script's exit status and stderr),
 from __future__ import annotations
 
 import json
-import os
 import re
 import stat
 import subprocess
@@ -19,28 +18,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import squad_jsonl, tiny_config
+from helpers import (
+    CHILD_ENV, CONTEXT, QUESTION, SENTENCES, SMALL, sentence_tokenizer, squad_jsonl, tiny_config, tiny_roberta,
+)
 from test_remote_code import HIDE_PACKAGE
-from transformers import GPT2Config, GPT2Model, RobertaConfig, RobertaForQuestionAnswering
+from transformers import GPT2Config, GPT2Model, RobertaForQuestionAnswering
 
 import hf_clusterformer
 from hf_clusterformer import ClusterFormerConfig, ClusterFormerForQuestionAnswering, ClusterFormerModel
-from hf_clusterformer.data.tokenizer import build_tokenizer
 from hf_clusterformer.conversion import convert_checkpoint
 from hf_clusterformer.hub import ModelFolderExistsError, save_for_hub
 from hf_clusterformer_files import default_mode
 from hf_clusterformer_cli import main
 
-SENTENCES = [
-    "Zorvan lives with Melka in the old house by the river.",
-    "Melka lives in Tarsk, a town known for its bridge.",
-    "The market was quiet that morning and the road was wet.",
-]
-QUESTION = "Where does Melka live?"
-CONTEXT = " ".join(SENTENCES[i % 3] for i in range(12))
-SMALL = ["--cluster-layers", "1", "--num-clusters", "4", "--window-size", "32", "--window-stride", "24",
-         "--max-question-length", "16"]
-ENV = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -52,7 +42,7 @@ def _qa_file(path: Path, count: int) -> Path:
 def _command(*args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
     """``clusterformer ARGS`` in a subprocess (``python -m hf_clusterformer_cli``), no standard input."""
     return subprocess.run([sys.executable, "-m", "hf_clusterformer_cli", *args], capture_output=True, text=True,
-                          env=env or ENV, stdin=subprocess.DEVNULL, timeout=timeout)
+                          env=env or CHILD_ENV, stdin=subprocess.DEVNULL, timeout=timeout)
 
 
 def _one_line_error(result: subprocess.CompletedProcess, *fragments: str, prefix: str = "clusterformer: error: ") -> str:
@@ -80,7 +70,7 @@ def _error(capsys, argv: list[str], *fragments: str) -> str:
 def _without_package(code: str, *args: str) -> subprocess.CompletedProcess:
     """``code`` where ``hf_clusterformer`` cannot be imported, with no standard input (a prompt fails at once)."""
     return subprocess.run([sys.executable, "-c", HIDE_PACKAGE + code, *args], capture_output=True, text=True,
-                          env=ENV, stdin=subprocess.DEVNULL, timeout=180)
+                          env=CHILD_ENV, stdin=subprocess.DEVNULL, timeout=180)
 
 
 def _modes(path: Path) -> dict[str, int]:
@@ -107,20 +97,13 @@ def work(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return build_tokenizer(SENTENCES * 4 + [QUESTION], vocab_size=300)
+    return sentence_tokenizer()
 
 
 @pytest.fixture(scope="module")
 def roberta_qa(work, tokenizer) -> Path:
     """A plain tiny RoBERTa QA checkpoint with its tokenizer."""
-    config = RobertaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                           intermediate_size=64, max_position_embeddings=514, type_vocab_size=1, pad_token_id=1,
-                           bos_token_id=0, eos_token_id=2)
-    torch.manual_seed(1)
-    path = work / "roberta-qa"
-    RobertaForQuestionAnswering(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return tiny_roberta(work / "roberta-qa", tokenizer, RobertaForQuestionAnswering)
 
 
 def _model(tokenizer, **overrides) -> ClusterFormerForQuestionAnswering:
@@ -244,7 +227,7 @@ def test_run_qa_refuses_a_folder_with_a_model_in_one_line(hub_model, work):
     """Row: ``python examples/run_qa.py --do_train --output_dir D`` (D holds a model) refused with a traceback."""
     result = subprocess.run([sys.executable, str(ROOT / "examples" / "run_qa.py"), "--do_train", "--output_dir",
                              str(hub_model), "--max_steps", "1", "--report_to", "none", "--use_cpu"],
-                            capture_output=True, text=True, env=ENV, timeout=300)
+                            capture_output=True, text=True, env=CHILD_ENV, timeout=300)
     _one_line_error(result, str(hub_model), "--overwrite", prefix="run_qa.py: error: ")
 
 
@@ -379,7 +362,7 @@ try:
 except OSError as error:
     print(round(time.perf_counter() - start, 1), error)
 """
-    env = {k: v for k, v in ENV.items() if k != "HF_HUB_OFFLINE"}
+    env = {k: v for k, v in CHILD_ENV.items() if k != "HF_HUB_OFFLINE"}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             env={**env, "HF_ENDPOINT": "http://127.0.0.1:9"}, timeout=120)
     seconds, message = result.stdout.strip().split(" ", 1)
@@ -438,7 +421,7 @@ model = ClusterFormerForQuestionAnswering(tiny_config(vocab_size=len(tokenizer),
     (tmp_path / "outputs").mkdir()
     (tmp_path / "outputs" / "notes.txt").write_text("mine", encoding="utf-8")
     for run in range(2):
-        result = subprocess.run([sys.executable, "-c", prelude + block], cwd=tmp_path, env=ENV, capture_output=True,
+        result = subprocess.run([sys.executable, "-c", prelude + block], cwd=tmp_path, env=CHILD_ENV, capture_output=True,
                                 text=True, timeout=600)
         assert result.returncode == 0, (run, result.stderr[-3000:])
         assert (tmp_path / "outputs" / "trained" / "model.safetensors").is_file()
@@ -452,7 +435,7 @@ def test_card_snippets_run_as_printed(tmp_path, tokenizer):
     card = (folder / "README.md").read_text(encoding="utf-8")
     with_plugin, without = (block.replace("path/to/checkpoint", str(folder))
                             for block in re.findall(r"```python\n(.*?)```", card, flags=re.S))
-    result = subprocess.run([sys.executable, "-c", with_plugin], capture_output=True, text=True, env=ENV,
+    result = subprocess.run([sys.executable, "-c", with_plugin], capture_output=True, text=True, env=CHILD_ENV,
                             stdin=subprocess.DEVNULL, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "'answer'" in result.stdout
@@ -501,7 +484,7 @@ def test_import_loads_only_what_registration_needs():
     code = ("import sys, hf_clusterformer\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('datasets', 'evaluate', 'faiss', 'matplotlib')"
             " or m.startswith('hf_clusterformer.')))")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=120)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=CHILD_ENV, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads(result.stdout.strip().replace("'", '"')) == [
         "hf_clusterformer.configuration_clusterformer", "hf_clusterformer.loading",
@@ -871,7 +854,7 @@ with writing_model_dir(sys.argv[1], overwrite=True) as staging:
     print("writing", flush=True)
     time.sleep(60)
 """
-    process = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE, text=True, env=ENV)
+    process = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE, text=True, env=CHILD_ENV)
     try:
         assert process.stdout.readline().strip() == "writing"
         process.send_signal(signal.SIGTERM)

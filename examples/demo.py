@@ -5,15 +5,15 @@
 2. Convert it twice: Cluster-Former (a cluster layer on top of pretrained sliding-window layers) and the same model
    with a sliding-window layer in its place.
 3. Fine-tune both side by side, one core each, with the same data and seed (`clusterformer_research.experiment`, the
-   research package in ``research/``, recipe ``demo``: the gain study's gated recipe at a 45-minute budget): first on
+   research package in ``research/``, recipe ``demo``: the gain study's gated recipe, about 80 minutes on two idle cores): first on
    near ``twin`` questions ("Which place has two residents?") over 5 facts in 62-72 tokens, until the held-out near
    EM reaches 85 (at most 300 steps); then on 16-fact contexts of 300-340 tokens whose two mentions lie further apart
    than the sliding-window stack can relay (6 layers x 32 tokens), with 4 near questions kept in every step.
    The facts are spread so that no fact position pays much: the positional shortcuts are printed beside the scores.
 4. Evaluate exact match on held-out far ``twin`` questions, print the table, the learning curves (far and near EM),
    the positional shortcuts and how often the two mentions shared a chunk in the cluster layer, save both models
-   (weights, centroids, tokenizer, code, card) under ``--output_dir``, and answer one held-out far question with the
-   pipeline of each model.
+   (weights, centroids, tokenizer, code, card) under ``--output_dir``, and answer 10 held-out far questions with the
+   pipeline of each model (the first shown with each model's answer).
 
 ``python examples/demo.py --output_dir outputs`` (what ``make demo`` runs); ``--quick`` checks the whole path in
 seconds with a tiny random BERT; ``--from_scratch`` runs the earlier demo that trains small models from scratch
@@ -35,6 +35,9 @@ from hf_clusterformer import pipeline as qa_pipeline
 from hf_clusterformer.hub import ModelFolderExistsError
 from hf_clusterformer.pretrained import PretrainedUnavailableError
 
+#: Held-out far questions answered through each model's pipeline at the end (the same for every model).
+SAMPLE_QUESTIONS = 10
+
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -44,11 +47,34 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="seconds: the smoke recipe (a tiny random BERT)")
     parser.add_argument("--overwrite", action="store_true", help="replace the models of an earlier run in --output_dir")
     parser.add_argument("--from_scratch", action="store_true", help="run the from-scratch demo instead")
+    parser.add_argument("--answer_only", action="store_true",
+                        help="only answer the held-out questions with the models already saved in --output_dir")
     args, rest = parser.parse_known_args()
     if rest and not args.from_scratch:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     args.rest = rest
     return args
+
+
+def answer_held_out(preset, output: Path, seed: int, count: int = SAMPLE_QUESTIONS) -> None:
+    """Answer ``count`` held-out far questions (the same for every model) with the pipeline of each model saved in
+    ``output``: the first with each model's answer, then how many each got right."""
+    print(f"4/4 {count} held-out far questions, answered by each model through the pipeline", flush=True)
+    examples = generate_longrange_dataset(count, seed + 7, kind="twin", split="test",
+                                          **{**preset.eval["twin"], "num_facts": preset.num_facts})
+    first = examples[0]
+    distance = abs(first["answers"]["answer_start"][1] - first["answers"]["answer_start"][0])
+    print(f"Q: {first['question']}  (the two mentions {distance} characters apart; gold: "
+          f"{first['answers']['text'][0]!r})")
+    for variant in preset.variants:
+        model = ClusterFormerForQuestionAnswering.from_pretrained(output / variant).eval()
+        qa = qa_pipeline(model=model, tokenizer=str(output / variant))
+        answers = [qa(question=example["question"], context=example["context"],
+                      max_answer_len=preset.max_answer_length) for example in examples]
+        right = [answer["answer"].strip().lower() == example["answers"]["text"][0].lower()
+                 for answer, example in zip(answers, examples)]
+        print(f"  {variant}: {answers[0]['answer']!r} (score {answers[0]['score']:.3f}) "
+              f"{'right' if right[0] else 'wrong'}; right on {sum(right)} of the {count}", flush=True)
 
 
 def main() -> None:
@@ -62,6 +88,9 @@ def main() -> None:
     preset = make_preset(recipe)
     preset.seeds = [args.seed]
     output = Path(args.output_dir)
+    if args.answer_only:
+        answer_held_out(preset, output, args.seed)
+        return
     print(f"1-3/4 fetching all-MiniLM-L6-v2, converting it, fine-tuning Cluster-Former and the sliding-window model "
           f"side by side (at most {' + '.join(f'{s.steps} {s.name}' for s in preset.stages)} steps; about "
           f"{preset.time_budget / 60:.0f} minutes on two idle cores; each run prints its ETA)", flush=True)
@@ -72,18 +101,7 @@ def main() -> None:
         print(f"demo: {error}", file=sys.stderr)
         sys.exit(2)
 
-    print("4/4 one held-out far question, answered by each model through the pipeline", flush=True)
-    example = generate_longrange_dataset(1, args.seed + 7, kind="twin", split="test",
-                                         **{**preset.eval["twin"], "num_facts": preset.num_facts})[0]
-    gold = example["answers"]["text"][0]
-    distance = abs(example["answers"]["answer_start"][1] - example["answers"]["answer_start"][0])
-    print(f"Q: {example['question']}  (the two mentions {distance} characters apart; gold: {gold!r})")
-    for variant in preset.variants:
-        model = ClusterFormerForQuestionAnswering.from_pretrained(output / variant).eval()
-        qa = qa_pipeline(model=model, tokenizer=str(output / variant))
-        answer = qa(question=example["question"], context=example["context"], max_answer_len=preset.max_answer_length)
-        verdict = "right" if answer["answer"].strip().lower() == gold.lower() else "wrong"
-        print(f"  {variant}: {answer['answer']!r} (score {answer['score']:.3f}) {verdict}")
+    answer_held_out(preset, output, args.seed)
     print(f"saved to {output.resolve()} in {time.time() - started:.0f} s "
           f"({'; '.join(result['meta']['skipped']) or 'all runs done'})")
 

@@ -1,0 +1,32 @@
+"""`make demo`'s script end to end with its smoke recipe (``--quick``: a tiny random BERT, seconds of training), then
+its last step again on the saved models (``--answer_only``)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+
+
+def _demo(*args: str) -> str:
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "demo.py"), *args], capture_output=True, text=True,
+                          env=ENV, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return done.stdout
+
+
+def test_the_demo_trains_saves_and_answers_then_answers_again(tmp_path):
+    out = _demo("--quick", "--output_dir", str(tmp_path))
+    assert "| clusterformer |" in out and "| sliding |" in out and "Positional shortcuts" in out
+    first = re.findall(r"^  (\w+): .* right on (\d+) of the 10$", out, flags=re.M)
+    assert {variant for variant, _ in first} >= {"clusterformer", "sliding"}
+    for variant in ("clusterformer", "sliding"):
+        assert (tmp_path / variant / "model.safetensors").is_file()
+    again = _demo("--quick", "--output_dir", str(tmp_path), "--answer_only")
+    assert re.findall(r"^  (\w+): .* right on (\d+) of the 10$", again, flags=re.M) == first
+    assert "saved to" in out and "saved to" not in again

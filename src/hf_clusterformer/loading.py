@@ -79,6 +79,7 @@ def check_checkpoint_source(source: Any, what: str = "checkpoint") -> str:
         )
     return path
 
+
 def unreadable_weights(path: str | os.PathLike, error: Exception) -> str:
     """One line for a checkpoint whose weights did not load (``error``): the safetensors file of ``path`` that cannot
     be read and the fix, or the error."""

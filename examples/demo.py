@@ -12,7 +12,7 @@
    The facts are spread so that no fact position pays much: the positional shortcuts are printed beside the scores.
 4. Evaluate exact match on held-out far ``twin`` questions, print the table, the learning curves (far and near EM),
    the positional shortcuts and how often the two mentions shared a chunk in the cluster layer, save both models
-   (weights, centroids, tokenizer, code, card) under ``--output_dir``, and answer 10 held-out far questions with the
+   (weights, centroids, tokenizer, code, card) under ``--output_dir``, and answer 50 held-out far questions with the
    pipeline of each model (the first shown with each model's answer).
 
 ``python examples/demo.py --output_dir outputs`` (what ``make demo`` runs); ``--quick`` checks the whole path in
@@ -36,7 +36,7 @@ from hf_clusterformer.hub import ModelFolderExistsError
 from hf_clusterformer.pretrained import PretrainedUnavailableError
 
 #: Held-out far questions answered through each model's pipeline at the end (the same for every model).
-SAMPLE_QUESTIONS = 10
+SAMPLE_QUESTIONS = 50
 
 
 def parse_args() -> argparse.Namespace:

@@ -25,12 +25,14 @@ def test_smoke_recipe_trains_every_variant_and_writes_its_report(tmp_path):
         assert all(0 <= score["exact_match"] <= 100 and score["n"] == preset.eval_samples for score in run["scores"].values())
         assert [entry["step"] for entry in run["log"] if entry["stage"] == "far"][-1] == preset.stages[-1].steps
     assert 0 <= runs["clusterformer"]["scores"]["twin"]["twin_shared_chunk"] <= 100
-    for run in runs.values():  # a learning curve: far twin EM every curve_every steps and at the end
+    for run in runs.values():  # a learning curve every curve_every steps and at the end: near EM, then far EM too
         steps = [point["global_step"] for point in run["curve"]]
         assert steps == sorted(steps) and steps[-1] == sum(stage.steps for stage in preset.stages)
-        assert all(0 <= point["twin_em"] <= 100 for point in run["curve"])
-    assert all(p["twin_shared_chunk"] is not None for p in runs["clusterformer"]["curve"])
-    assert all(p["twin_shared_chunk"] is None for p in runs["sliding"]["curve"])
+        assert all(0 <= point["near_twin_em"] <= 100 for point in run["curve"])
+        assert all(("twin_em" in point) == (point["stage"] == "far") for point in run["curve"])  # near: far_curve off
+        assert all(0 <= point["twin_em"] <= 100 for point in run["curve"] if point["stage"] == "far")
+    assert all(p["twin_shared_chunk"] is not None for p in runs["clusterformer"]["curve"] if p["stage"] == "far")
+    assert all(p.get("twin_shared_chunk") is None for p in runs["sliding"]["curve"])
     assert set(result["meta"]["positional_shortcuts"]) == {"first_fact", "last_fact", "best_fact_slot", "chance",
                                                            "random_mention"}
     assert "Learning curves" in (tmp_path / "results.md").read_text() and (tmp_path / "curves.png").stat().st_size > 0

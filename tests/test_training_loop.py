@@ -134,3 +134,17 @@ def test_a_stage_over_its_time_share_trains_fewer_steps():
     result = train_stages(model, plan, pad_id=PAD, updater=updater, log_every=50, print_fn=printed.append)
     assert result["stages"] == {"near": 31, "far": 6}
     assert any("near: " in line and "s projected for 400 steps" in line and ": 31 steps" in line for line in printed)
+
+
+def test_a_stage_with_its_own_evaluation_uses_it_and_trains_the_same():
+    model, updater = build()
+    plan = stages()
+    plan[0].evaluate = lambda m: {"score_only": held_out(m)["score"]}  # e.g. only the metric a gate reads
+    result = train_stages(model, plan, pad_id=PAD, evaluate=held_out, eval_every=2, updater=updater, seed=3,
+                          print_fn=lambda line: None)
+    baseline, _ = run()
+    assert [sorted(p) for p in result["curve"][:3]] == [["global_step", "loss", "score_only", "seconds", "stage",
+                                                         "step"]] * 3
+    assert [p["score_only"] for p in result["curve"][:3]] == [p["score"] for p in baseline["curve"][:3]]
+    assert result["curve"][3:] == [{**p, "seconds": q["seconds"]} for p, q in zip(baseline["curve"][3:],
+                                                                                  result["curve"][3:])]

@@ -67,6 +67,7 @@ class TrainStage:
     ``schedule``: ``constant`` (linear warm-up over ``warmup`` steps, then flat) or ``linear`` (warm-up, then linear
     decay to 0). ``max_seconds``: after timing steps 10-30, train fewer steps when all of them would take longer.
     ``param_groups``: optimizer groups of the model (default: every trainable parameter at ``learning_rate``).
+    ``evaluate``: this stage's own curve evaluation (default: the loop's), e.g. only the metric its gate reads.
     """
 
     name: str
@@ -83,6 +84,7 @@ class TrainStage:
     rehearsal_batch: int = 0
     max_seconds: float | None = None
     param_groups: Callable[[torch.nn.Module, float], list[dict]] | None = None
+    evaluate: Evaluate | None = None
 
     def __post_init__(self) -> None:
         if self.order not in ("sequential", "epochs"):
@@ -312,6 +314,7 @@ def _train_stage(run: _Run, stage: TrainStage, evaluate, eval_every, checkpoint,
     if run.optimizer is None:
         run.start_stage(stage)
     trained = [param for group in run.optimizer.param_groups for param in group["params"]]
+    evaluate = stage.evaluate or evaluate
     timed_from = None
     while p.step < run.stage_steps(stage):
         if p.step == 10:  # steps 10-30 are timed: the first ones pay for warm-up (kernels, the first K-Means fit)

@@ -68,7 +68,7 @@ def write_report(output: Path, runs: list[dict], meta: dict, kinds: list[str]) -
         markdown += ("\nLearning curves (one-hop far EM on held-out questions, and on the first stage's near ones; "
                      "global step: EM):\n\n")
         for run in curves:
-            points = ", ".join(f"{p['global_step']}: {p['twin_em']:.0f}"
+            points = ", ".join(f"{p['global_step']}: " + (f"{p['twin_em']:.0f}" if "twin_em" in p else "-")
                                + (f" (near {p['near_twin_em']:.0f})" if "near_twin_em" in p else "") for p in run["curve"])
             markdown += f"- {run['variant']} / seed {run['seed']}: {points}\n"
     header = (f"Preset `{meta['preset']}` on {meta['device_name']} ({meta['dtype']}), {meta['wall_seconds']:.0f} s; "
@@ -109,12 +109,14 @@ def plot_curves(plt, path: Path, runs: list[dict], meta: dict) -> None:
     colours = {}
     for run in runs:
         colour = colours.setdefault(run["variant"], f"C{len(colours)}")
-        steps = [p["global_step"] for p in run["curve"]]
         style = ("-", "--", "-.", ":")[run["seed"] % 4]
-        axis.plot(steps, [p["twin_em"] for p in run["curve"]], color=colour, marker=".",
+        far = [p for p in run["curve"] if "twin_em" in p]  # a stage without far_curve scores only the near questions
+        axis.plot([p["global_step"] for p in far], [p["twin_em"] for p in far], color=colour, marker=".",
                   label=f"{run['variant']} seed {run['seed']}", linestyle=style)
-        if "near_twin_em" in run["curve"][0]:
-            axis.plot(steps, [p["near_twin_em"] for p in run["curve"]], color=colour, linestyle=style, alpha=0.35)
+        near = [p for p in run["curve"] if "near_twin_em" in p]
+        if near:
+            axis.plot([p["global_step"] for p in near], [p["near_twin_em"] for p in near], color=colour,
+                      linestyle=style, alpha=0.35)
     shortcuts = meta.get("positional_shortcuts") or {}
     if shortcuts:
         axis.axhline(shortcuts["best_fact_slot"], color="grey", linewidth=0.8, linestyle=":")

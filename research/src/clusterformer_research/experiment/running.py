@@ -250,15 +250,20 @@ class LearningCurve:
         setup, preset = self.setup, self.preset
         far = evaluate(model, self.tokenizer, self.far, preset, setup.device, setup.dtype, 16, "twin")
         point = {"twin_em": far["exact_match"], "twin_shared_chunk": far.get("twin_shared_chunk")}
-        if self.near:
-            point["near_twin_em"] = evaluate(model, self.tokenizer, self.near, preset, setup.device, setup.dtype, 16,
-                                             "twin")["exact_match"]
-        return point
+        return {**point, **self.near_only(model)} if self.near else point
+
+    def near_only(self, model) -> dict:
+        """The near EM alone (what a gate reads), for stages whose curve skips the far questions."""
+        setup = self.setup
+        return {"near_twin_em": evaluate(model, self.tokenizer, self.near, self.preset, setup.device, setup.dtype, 16,
+                                         "twin")["exact_match"]}
 
 
-def training_plan(setup: RunSetup, tokenizer, seed: int, train_seconds: float | None) -> list[TrainStage]:
+def training_plan(setup: RunSetup, tokenizer, seed: int, train_seconds: float | None,
+                  curve: LearningCurve | None = None) -> list[TrainStage]:
     """The recipe's stages for the training loop: features, steps (the step plan's), schedule, a shuffle per pass,
-    the global layers' learning-rate scale; with ``train_seconds`` and no plan yet, each stage's share of it."""
+    the global layers' learning-rate scale, the near-only curve of a stage without ``far_curve``; with
+    ``train_seconds`` and no plan yet, each stage's share of it."""
     preset = setup.preset
     total = sum(s.steps for s in preset.stages)
     plan: list[TrainStage] = []
@@ -270,7 +275,8 @@ def training_plan(setup: RunSetup, tokenizer, seed: int, train_seconds: float | 
             warmup=max(1, preset.warmup_steps or steps // 20), schedule=preset.schedule, order=preset.order,
             gate=Gate("near_twin_em", stage.gate) if stage.gate is not None else None,
             rehearsal=plan[0].data if stage.rehearsal_batch else (), rehearsal_batch=stage.rehearsal_batch,
-            max_seconds=share, param_groups=lambda model, lr: parameter_groups(model, preset, lr)))
+            max_seconds=share, param_groups=lambda model, lr: parameter_groups(model, preset, lr),
+            evaluate=curve.near_only if curve is not None and curve.near and not stage.far_curve else None))
     return plan
 
 
@@ -302,7 +308,7 @@ def run_one(setup: RunSetup, variant: str, seed: int, train_seconds: float | Non
         curve = LearningCurve(preset, setup, tokenizer)
         checkpoint = setup.checkpoint_root / f"{variant}-seed{seed}" if setup.checkpoint_root else None
         result = train_stages(
-            model, training_plan(setup, tokenizer, seed, train_seconds), pad_id=tokenizer.pad_token_id,
+            model, training_plan(setup, tokenizer, seed, train_seconds, curve), pad_id=tokenizer.pad_token_id,
             evaluate=curve if curve.far else None, eval_every=preset.curve_every or 1, updater=updater, seed=seed,
             checkpoint_dir=checkpoint, label=label, device=setup.device, dtype=setup.dtype,
             print_fn=lambda line: print(line if line.startswith("[") else f"[{label}] curve {line}", flush=True))

@@ -522,7 +522,6 @@ def main() -> None:
                 print(f"{length:>7} {name:>21} {mode:>7} {reason}")
                 rows.append({"tokens": length, "model": name, "mode": mode, "status": reason})
             stats = {name: summary(t) for name, t in times.items()}
-            floor = stats.get("floor")
             for name, row in stats.items():
                 if row["seconds"] > args.max_seconds:
                     skipped[name, mode] = f"{row['seconds']:.1f} s at {length} tokens"

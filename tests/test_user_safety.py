@@ -325,7 +325,8 @@ def test_context_length_is_bounded(converted, roberta, work, capsys):
     _error(capsys, ["convert", str(roberta), str(work / "huge"), "--max-context-length", huge], "at most")
     _error(capsys, ["evaluate", "--model_name_or_path", str(converted), "--max_context_length", huge,
                     "--output_dir", str(work / "huge-eval")], "--max_context_length must be an integer from 1 to")
-    from hf_clusterformer.conversion import MAX_CONTEXT_LENGTH, convert_checkpoint
+    from hf_clusterformer.configuration_clusterformer import MAX_CONTEXT_LENGTH
+    from hf_clusterformer.conversion import convert_checkpoint
     from hf_clusterformer_cli import MAX_CONTEXT_LENGTH as COMMAND_LIMIT
 
     assert COMMAND_LIMIT == MAX_CONTEXT_LENGTH

@@ -329,7 +329,8 @@ def test_absurd_num_clusters_are_bounded_by_memory(roberta_qa, work, tokenizer):
                                     "1000000000"), "num_clusters 1000000000", "give at most")
     bound = int(re.search(r"give at most (\d+)", line)[1])
     assert 1000 < bound < 1_000_000_000 and not (work / "huge").exists()
-    from hf_clusterformer.conversion import check_centroid_memory, load_qa_model
+    from hf_clusterformer.conversion import load_qa_model
+    from hf_clusterformer.modeling_clusterformer import check_centroid_memory
 
     check_centroid_memory(ClusterFormerConfig(hidden_size=32, num_attention_heads=2, num_hidden_layers=2,
                                               cluster_layers=[1], num_clusters=bound))

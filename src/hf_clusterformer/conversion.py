@@ -22,7 +22,6 @@ from hf_clusterformer_heads import Head, architectures_task, find_head
 
 from .configuration_clusterformer import (
     GLOBAL_LAYER_TYPES,
-    MAX_CONTEXT_LENGTH,
     ClusterFormerConfig,
     check_context_length,
 )
@@ -31,7 +30,6 @@ from .hub import save_for_hub
 from .loading import check_checkpoint_source
 from .modeling_clusterformer import (
     ClusterFormerForQuestionAnswering,
-    check_centroid_memory,
     mark_untrained,
     untrained_weights,
 )

@@ -48,7 +48,6 @@ from .loading import check_checkpoint_source, unreadable_weights
 from .modeling_clusterformer import (
     BatchSizes,
     ClusterFormerForMultipleChoice,
-    ClusterFormerForQuestionAnswering,
     ClusterFormerModel,
     ClusterFormerPreTrainedModel,
     check_input_tensors,

@@ -31,9 +31,14 @@ from hf_clusterformer_files import RESULT_FILES, check_result_files, run_output_
 
 from .callback import CentroidUpdateCallback, FiniteTrainingCallback
 from .centroid_updates import SMALL_MODEL_CENTROIDS, CentroidUpdateSettings
-from .configuration_clusterformer import LAYER_KIND_SHORTCUTS, ClusterFormerConfig, required_position_embeddings
+from .configuration_clusterformer import (
+    LAYER_KIND_SHORTCUTS,
+    ClusterFormerConfig,
+    check_context_length,
+    required_position_embeddings,
+)
 from .data import build_tokenizer, load_multipassage_dataset, squad_features
-from .conversion import ModelOption, check_centroid_memory, check_context_length, load_qa_model, model_options
+from .conversion import ModelOption, load_qa_model, model_options
 from .features import (
     check_tokenizer_fits,
     misplaced_answers,
@@ -44,7 +49,12 @@ from .features import (
 from .hub import write_checkpoint
 from .metrics import load_squad_metric
 from .modelcard import run_card_data
-from .modeling_clusterformer import ClusterFormerForQuestionAnswering, check_trained, locate_question_prefix
+from .modeling_clusterformer import (
+    ClusterFormerForQuestionAnswering,
+    check_centroid_memory,
+    check_trained,
+    locate_question_prefix,
+)
 
 logger = logging.getLogger(__name__)
 

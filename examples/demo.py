@@ -5,15 +5,17 @@
 2. Convert it twice: Cluster-Former (a cluster layer on top of pretrained sliding-window layers) and the same model
    with a sliding-window layer in its place.
 3. Fine-tune both side by side, one core each, with the same data and seed (`clusterformer_research.experiment`, the
-   research package in ``research/``, recipe ``demo``: the gain study's gated recipe, about 80 minutes on two idle cores): first on
+   research package in ``research/``, recipe ``demo``: the gain study's gated recipe, about 60 minutes on two idle cores): first on
    near ``twin`` questions ("Which place has two residents?") over 5 facts in 62-72 tokens, until the held-out near
    EM reaches 85 (at most 300 steps); then on 16-fact contexts of 300-340 tokens whose two mentions lie further apart
-   than the sliding-window stack can relay (6 layers x 32 tokens), with 4 near questions kept in every step.
+   than the sliding-window stack can relay (6 layers x 32 tokens), 150 steps with 4 near questions kept in each.
    The facts are spread so that no fact position pays much: the positional shortcuts are printed beside the scores.
-4. Evaluate exact match on held-out far ``twin`` questions, print the table, the learning curves (far and near EM),
-   the positional shortcuts and how often the two mentions shared a chunk in the cluster layer, save both models
+4. Evaluate exact match on held-out far ``twin`` questions, print the table, the learning curves (near EM; far EM
+   from the far stage on), the positional shortcuts and how often the two mentions shared a chunk in the cluster
+   layer, save both models
    (weights, centroids, tokenizer, code, card) under ``--output_dir``, and answer 50 held-out far questions with the
-   pipeline of each model (the first shown with each model's answer).
+   pipeline of each model: how many each got right, how many each alone, and the first question each model alone got
+   right with both models' answers.
 
 ``python examples/demo.py --output_dir outputs`` (what ``make demo`` runs); ``--quick`` checks the whole path in
 seconds with a tiny random BERT; ``--from_scratch`` runs the earlier demo that trains small models from scratch
@@ -32,7 +34,7 @@ from clusterformer_research.experiment import compare, make_preset
 from clusterformer_research.longrange import generate_longrange_dataset
 from hf_clusterformer import ClusterFormerForQuestionAnswering
 from hf_clusterformer import pipeline as qa_pipeline
-from hf_clusterformer.hub import ModelFolderExistsError
+from hf_clusterformer.hub import ModelFolderExistsError, quiet_loading
 from hf_clusterformer.pretrained import PretrainedUnavailableError
 
 #: Held-out far questions answered through each model's pipeline at the end (the same for every model).
@@ -58,23 +60,32 @@ def parse_args() -> argparse.Namespace:
 
 def answer_held_out(preset, output: Path, seed: int, count: int = SAMPLE_QUESTIONS) -> None:
     """Answer ``count`` held-out far questions (the same for every model) with the pipeline of each model saved in
-    ``output``: the first with each model's answer, then how many each got right."""
+    ``output``: how many each got right, how many each alone, and the first question that Cluster-Former alone got
+    right (and the first that the sliding-window model alone got right) with both answers."""
     print(f"4/4 {count} held-out far questions, answered by each model through the pipeline", flush=True)
     examples = generate_longrange_dataset(count, seed + 7, kind="twin", split="test",
                                           **{**preset.eval["twin"], "num_facts": preset.num_facts})
-    first = examples[0]
-    distance = abs(first["answers"]["answer_start"][1] - first["answers"]["answer_start"][0])
-    print(f"Q: {first['question']}  (the two mentions {distance} characters apart; gold: "
-          f"{first['answers']['text'][0]!r})")
+    answers, right = {}, {}
     for variant in preset.variants:
-        model = ClusterFormerForQuestionAnswering.from_pretrained(output / variant).eval()
-        qa = qa_pipeline(model=model, tokenizer=str(output / variant))
-        answers = [qa(question=example["question"], context=example["context"],
-                      max_answer_len=preset.max_answer_length) for example in examples]
-        right = [answer["answer"].strip().lower() == example["answers"]["text"][0].lower()
-                 for answer, example in zip(answers, examples)]
-        print(f"  {variant}: {answers[0]['answer']!r} (score {answers[0]['score']:.3f}) "
-              f"{'right' if right[0] else 'wrong'}; right on {sum(right)} of the {count}", flush=True)
+        with quiet_loading():
+            model = ClusterFormerForQuestionAnswering.from_pretrained(output / variant).eval()
+            qa = qa_pipeline(model=model, tokenizer=str(output / variant))
+        answers[variant] = [qa(question=example["question"], context=example["context"],
+                               max_answer_len=preset.max_answer_length) for example in examples]
+        right[variant] = [answer["answer"].strip().lower() == example["answers"]["text"][0].lower()
+                          for answer, example in zip(answers[variant], examples)]
+        print(f"  {variant}: right on {sum(right[variant])} of the {count}", flush=True)
+    for variant in preset.variants:
+        alone = [i for i in range(count) if right[variant][i] and not any(right[v][i] for v in right if v != variant)]
+        print(f"right by {variant} alone: {len(alone)}", flush=True)
+        if alone:
+            example = examples[alone[0]]
+            distance = abs(example["answers"]["answer_start"][1] - example["answers"]["answer_start"][0])
+            print(f"  the first of them, Q: {example['question']}  (the two mentions {distance} characters apart; "
+                  f"gold: {example['answers']['text'][0]!r})")
+            for other in preset.variants:
+                answer = answers[other][alone[0]]
+                print(f"    {other}: {answer['answer']!r} (score {answer['score']:.3f})", flush=True)
 
 
 def main() -> None:

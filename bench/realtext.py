@@ -112,7 +112,7 @@ PRESETS = {
 #: took the sliding model's time within the noise (factors 1.0). ``two_threads``: stage A's speed-up on two free cores,
 #: assumed (two threads were slower than one while other jobs ran); the first timed steps of A check it.
 #: ``train_slot`` measured again on 2026-11-29: stage A's steps took 8.25-8.6 s on two threads with nothing else
-#: running (the 1.35e-3 above predicted 3.1 s), bench/measured/realtext/first-timed-steps/. ``eval_slot`` measured again
+#: running (the earlier 1.35e-3 predicted 3.1 s), bench/measured/realtext/first-timed-steps/. ``eval_slot`` measured again
 #: on 2026-11-29 with the cores otherwise idle: the start cells took 0.254-0.258 s per oracle question and 2.0 s per
 #: question at 2k tokens (3.3e-4 predicted 0.09 s and 0.81 s), bench/measured/realtext/cpu-seed0/.
 COSTS = {"train_slot": 3.6e-3, "eval_slot": 8.5e-4, "cluster_train": 1.0, "cluster_eval": 1.0, "two_threads": 1.6}

@@ -5,17 +5,16 @@
 2. Convert it twice: Cluster-Former (a cluster layer on top of pretrained sliding-window layers) and the same model
    with a sliding-window layer in its place.
 3. Fine-tune both side by side, one core each, with the same data and seed (`clusterformer_research.experiment`, the
-   research package in ``research/``, recipe ``demo``: the gain study's gated recipe, about 60 minutes on two idle cores): first on
-   near ``twin`` questions ("Which place has two residents?") over 5 facts in 62-72 tokens, until the held-out near
+   research package in ``research/``, recipe ``demo``: the gain study's gated recipe, about 60 minutes on two idle
+   cores): first on near ``twin`` questions ("Which place has two residents?") over 5 facts in 62-72 tokens, until the held-out near
    EM reaches 85 (at most 300 steps); then on 16-fact contexts of 300-340 tokens whose two mentions lie further apart
    than the sliding-window stack can relay (6 layers x 32 tokens), 150 steps with 4 near questions kept in each.
    The facts are spread so that no fact position pays much: the positional shortcuts are printed beside the scores.
 4. Evaluate exact match on held-out far ``twin`` questions, print the table, the learning curves (near EM; far EM
    from the far stage on), the positional shortcuts and how often the two mentions shared a chunk in the cluster
-   layer, save both models
-   (weights, centroids, tokenizer, code, card) under ``--output_dir``, and answer 50 held-out far questions with the
-   pipeline of each model: how many each got right, how many each alone, and the first question each model alone got
-   right with both models' answers.
+   layer, save both models (weights, centroids, tokenizer, code, card) under ``--output_dir``, and answer 50 held-out
+   far questions with the pipeline of each model: how many each got right, how many each alone, and the first
+   question each model alone got right with both models' answers.
 
 ``python examples/demo.py --output_dir outputs`` (what ``make demo`` runs); ``--quick`` checks the whole path in
 seconds with a tiny random BERT; ``--from_scratch`` runs the earlier demo that trains small models from scratch

@@ -100,6 +100,11 @@ def main() -> None:
     preset.seeds = [args.seed]
     output = Path(args.output_dir)
     if args.answer_only:
+        missing = [str(output / v) for v in preset.variants if not (output / v / "config.json").is_file()]
+        if missing:
+            print(f"demo: --answer_only needs the models of an earlier run in --output_dir; none in "
+                  f"{', '.join(missing)} (run the demo there first, or give --output_dir of such a run)", file=sys.stderr)
+            sys.exit(2)
         answer_held_out(preset, output, args.seed)
         return
     print(f"1-3/4 fetching all-MiniLM-L6-v2, converting it, fine-tuning Cluster-Former and the sliding-window model "

@@ -33,3 +33,10 @@ def test_the_demo_trains_saves_and_answers_then_answers_again(tmp_path):
     assert set(alone) >= {"clusterformer", "sliding"}  # the smoke recipe trains lsh and sparse too
     assert again.count("the first of them, Q: ") == sum(int(n) > 0 for n in alone.values())
     assert "saved to" in out and "saved to" not in again
+
+
+def test_answer_only_without_saved_models_says_so_in_one_line(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "demo.py"), "--quick", "--answer_only",
+                           "--output_dir", str(tmp_path)], capture_output=True, text=True, env=ENV, timeout=600)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().count("\n") == 0 and "--answer_only needs the models" in done.stderr

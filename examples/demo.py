@@ -103,7 +103,8 @@ def main() -> None:
         missing = [str(output / v) for v in preset.variants if not (output / v / "config.json").is_file()]
         if missing:
             print(f"demo: --answer_only needs the models of an earlier run in --output_dir; none in "
-                  f"{', '.join(missing)} (run the demo there first, or give --output_dir of such a run)", file=sys.stderr)
+                  f"{', '.join(missing)} (run the demo there first, or give --output_dir of such a run)",
+                  file=sys.stderr)
             sys.exit(2)
         answer_held_out(preset, output, args.seed)
         return

@@ -25,7 +25,7 @@ from hf_clusterformer_cli_support import (
     add_option_flags,
     convert_command,
 )
-from hf_clusterformer_files import TOKENIZER_FILES
+from hf_clusterformer_files import TOKENIZER_FILES, check_local_source
 from hf_clusterformer_heads import architectures_task, find_head, head_tasks
 
 
@@ -72,6 +72,27 @@ def _read_inputs(args: argparse.Namespace) -> tuple[str, str]:
     if not args.question.strip():
         raise CommandError("the question is empty.")
     return args.question, context
+
+
+#: The checkpoint argument of each subcommand that `check_usage` checks on disk: (attribute, its name in errors).
+_CHECKPOINT_ARGUMENTS = {"predict": ("model", "checkpoint"), "inspect": ("model", "checkpoint"),
+                         "export": ("model", "MODEL_DIR"), "push": ("checkpoint", "checkpoint")}
+
+
+def check_usage(args: argparse.Namespace) -> None:
+    """What a subcommand refuses before torch is imported, so that its usage errors take no time: the question and
+    context file of predict / inspect (read into ``args.inputs``), a push source that is no directory, and a local
+    checkpoint path that cannot load (a Hub id is checked later, with the library)."""
+    if args.command in ("predict", "inspect"):
+        args.inputs = _read_inputs(args)
+    if args.command == "push" and not os.path.isdir(args.checkpoint) and not os.path.isfile(args.checkpoint):
+        raise CommandError(f"checkpoint directory {args.checkpoint} does not exist.")
+    if args.command in _CHECKPOINT_ARGUMENTS:
+        attribute, what = _CHECKPOINT_ARGUMENTS[args.command]
+        try:
+            check_local_source(getattr(args, attribute), what)
+        except (OSError, TypeError) as error:
+            raise CommandError(str(error)) from error
 
 
 def check_model_path(path: str, option: str = "checkpoint") -> None:
@@ -227,7 +248,7 @@ def _cmd_train(argv: list[str], evaluate_only: bool, quiet: bool = False) -> int
 def _cmd_predict(args: argparse.Namespace) -> int:
     from hf_clusterformer.loading import pipeline
 
-    question, context = _read_inputs(args)
+    question, context = args.inputs
     device = _device(args.device)
     model, tokenizer = _load_qa_model(args.model, args.max_context_length)
     from hf_clusterformer.modeling_clusterformer import UntrainedModelError
@@ -264,7 +285,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from hf_clusterformer.inspection import inspect_clusters
 
-    question, context = _read_inputs(args)
+    question, context = args.inputs
     if args.plot:
         from hf_clusterformer.inspection import check_plot_path
 
@@ -368,10 +389,6 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_push(args: argparse.Namespace) -> int:
-    if os.path.isfile(args.checkpoint):
-        raise CommandError(f"checkpoint {args.checkpoint} is a file; give the checkpoint directory (with config.json).")
-    if not os.path.isdir(args.checkpoint):
-        raise CommandError(f"checkpoint directory {args.checkpoint} does not exist.")
     check_model_path(args.checkpoint)
     check_cluster_former(args.checkpoint, "push")
     from hf_clusterformer.hub import check_repo_id
@@ -598,6 +615,7 @@ def main(argv: list[str] | None = None) -> int:
         handler = {"predict": _cmd_predict, "inspect": _cmd_inspect, "convert": _cmd_convert, "push": _cmd_push,
                    "export": _cmd_export}
         args.verbose = verbose
+        check_usage(args)
         with _quiet(verbose):
             return handler[args.command](args)
     except CommandError as error:

@@ -46,6 +46,8 @@ __all__ = [
     "check_output_dir",
     "check_result_files",
     "checkpoint_kind",
+    "check_local_source",
+    "looks_local",
     "default_mode",
     "holds_model",
     "is_trainer_checkpoint",
@@ -96,6 +98,32 @@ def owned_by_model(name: str) -> bool:
     """Whether a file or folder named ``name`` (in a model folder) belongs to the model or its run (see
     `MODEL_FILE_NAMES`, `MODEL_FILE_PATTERNS`); other names are the user's."""
     return name in MODEL_FILE_NAMES or any(fnmatch.fnmatchcase(name, pattern) for pattern in MODEL_FILE_PATTERNS)
+
+
+def looks_local(path: str) -> bool:
+    """Whether a model argument is meant as a directory rather than a Hub id (``name`` or ``user/name``): it starts
+    with ``.``, ``/`` or ``~``, has more than one ``/``, ends with one, or starts with an existing folder."""
+    return path.startswith((".", "/", "~", "\\")) or path.count("/") > 1 or path.endswith("/") or (
+        "/" in path and os.path.isdir(path.split("/")[0])
+    )
+
+
+def check_local_source(source: Any, what: str = "checkpoint") -> str:
+    """``source`` (a checkpoint directory or Hub id) as a string, after failing fast in one line on what cannot load
+    without asking the Hub: `TypeError` (not a str or path), `NotADirectoryError` (a file), `FileNotFoundError` (a
+    folder without ``config.json``, or a missing path that `looks_local`). A name that may be a Hub id passes."""
+    if isinstance(source, bytes) or not isinstance(source, (str, os.PathLike)):
+        raise TypeError(f"{what} must be a checkpoint directory or Hub id (a str or path), got "
+                        f"{type(source).__name__} {source!r}.")
+    path = os.fspath(source)
+    if os.path.isfile(path):
+        raise NotADirectoryError(f"{what} {path} is a file; give the checkpoint directory (with config.json).")
+    if os.path.isdir(path):
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise FileNotFoundError(f"{what} {path} has no config.json; give a checkpoint directory.")
+    elif isinstance(source, os.PathLike) or looks_local(path):
+        raise FileNotFoundError(f"{what} directory {path} does not exist.")
+    return path
 
 
 def checkpoint_kind(path: str | os.PathLike) -> str | None:

@@ -1,7 +1,13 @@
 """Test configuration: the local Hub server and olah fixtures live in tests/support/hub_fixtures.py."""
 
+import os
+
 import pytest
 import torch
+
+# Every process a test starts runs its tiny models on one thread too: two test processes share two cores.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 pytest_plugins = ["support.hub_fixtures"]
 

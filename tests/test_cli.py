@@ -543,6 +543,40 @@ def test_help_starts_without_torch_or_transformers():
     assert "predict" in result.stdout and result.stdout.strip().endswith("[]")
 
 
+def test_usage_errors_of_predict_inspect_push_and_export_start_without_torch(tmp_path):
+    """A missing or unreadable input, a missing local checkpoint or a file given as one: exit 2 and one line, before
+    torch or transformers is imported (so in well under a second)."""
+    context = tmp_path / "context.txt"
+    context.write_text("Zorvan lives in Tarsk.", encoding="utf-8")
+    missing, folder = tmp_path / "missing", tmp_path / "no-config"
+    folder.mkdir()
+    cases = [
+        (["predict", str(folder), "--question", "q", "--context-file", str(missing)], "does not exist"),
+        (["predict", str(missing), "--question", "q", "--context-file", str(context)], "does not exist"),
+        (["inspect", str(folder), "--question", "q", "--context-file", str(context)], "has no config.json"),
+        (["push", str(context), "user/name"], "is a file"),
+        (["push", str(missing), "user/name"], "does not exist"),
+        (["export", str(missing) + "/", str(tmp_path / "out.onnx")], "does not exist"),
+    ]
+    code = ("import contextlib, io, json, sys, hf_clusterformer_cli\n"
+            "results = []\n"
+            "for argv in json.loads(sys.argv[1]):\n"
+            "    err = io.StringIO()\n"
+            "    with contextlib.redirect_stderr(err):\n"
+            "        results.append([hf_clusterformer_cli.main(argv), err.getvalue()])\n"
+            "print(json.dumps([results, sorted(m for m in ('torch', 'transformers', 'hf_clusterformer') "
+            "if m in sys.modules)]))")
+    result = subprocess.run([sys.executable, "-c", code, json.dumps([argv for argv, _ in cases])], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    results, imported = json.loads(result.stdout)
+    assert imported == []
+    for (argv, fragment), (status, err) in zip(cases, results):
+        lines = err.strip().splitlines()
+        assert status == 2 and len(lines) == 1 and lines[0].startswith("clusterformer: error: "), (argv, err)
+        assert fragment in lines[0], (argv, lines[0])
+
+
 def test_max_context_length_for_evaluate_and_from_scratch(trained):
     from transformers import AutoTokenizer
 

@@ -18,20 +18,13 @@ from typing import Any
 
 import hf_clusterformer_heads
 import transformers.pipelines as hf_pipelines
+from hf_clusterformer_files import check_local_source
 from hf_clusterformer_heads import find_head
 from transformers import AutoModelForQuestionAnswering, Pipeline
 from transformers.pipelines import PIPELINE_REGISTRY
 
 from .modeling_clusterformer import check_trained, mark_untrained
 from .pipeline import TASK, ClusterFormerQuestionAnsweringPipeline, use_model_limit
-
-
-def looks_local(path: str) -> bool:
-    """Whether a model argument is meant as a directory rather than a Hub id (``name`` or ``user/name``): it starts
-    with ``.``, ``/`` or ``~``, has more than one ``/``, ends with one, or starts with an existing folder."""
-    return path.startswith((".", "/", "~", "\\")) or path.count("/") > 1 or path.endswith("/") or (
-        "/" in path and os.path.isdir(path.split("/")[0])
-    )
 
 
 def hub_unreachable() -> str | None:
@@ -55,21 +48,12 @@ def hub_unreachable() -> str | None:
 
 def check_checkpoint_source(source: Any, what: str = "checkpoint") -> str:
     """``source`` (a checkpoint directory or Hub id) as a string, after failing fast in one line on what cannot load:
-    `TypeError` (not a str or path), `NotADirectoryError` (a file), `FileNotFoundError` (a folder without
-    ``config.json``, or a missing path that `looks_local`: no Hub request), `OSError` (a Hub id not in the local cache
-    while `hub_unreachable`, instead of the Hub client's retries)."""
-    if isinstance(source, bytes) or not isinstance(source, (str, os.PathLike)):
-        raise TypeError(f"{what} must be a checkpoint directory or Hub id (a str or path), got "
-                        f"{type(source).__name__} {source!r}.")
-    path = os.fspath(source)
-    if os.path.isfile(path):
-        raise NotADirectoryError(f"{what} {path} is a file; give the checkpoint directory (with config.json).")
+    what `hf_clusterformer_files.check_local_source` refuses (a file, a folder without ``config.json``, a missing
+    path that looks local; no Hub request), and `OSError` for a Hub id not in the local cache while `hub_unreachable`
+    (instead of the Hub client's retries)."""
+    path = check_local_source(source, what)
     if os.path.isdir(path):
-        if not os.path.isfile(os.path.join(path, "config.json")):
-            raise FileNotFoundError(f"{what} {path} has no config.json; give a checkpoint directory.")
         return path
-    if isinstance(source, os.PathLike) or looks_local(path):
-        raise FileNotFoundError(f"{what} directory {path} does not exist.")
     from transformers.utils.hub import try_to_load_from_cache
 
     reason = hub_unreachable()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -275,22 +274,6 @@ def test_another_heads_pipeline_on_a_folder_says_its_head_is_untrained(converted
     assert len(said) == 1 and said[0].startswith("ClusterFormerForMaskedLM: the checkpoint has no weights for lm_head.")
     assert "fine-tune it first" in said[0]
     assert any(name.startswith("lm_head.") for name in untrained_weights(fill.model))
-
-
-def test_every_card_snippet_runs(tmp_path, tokenizer):
-    """The plugin snippet runs with the package, as printed; the other where it cannot be imported, without a
-    prompt."""
-    torch.manual_seed(0)
-    model = ClusterFormerForQuestionAnswering(tiny_config(vocab_size=len(tokenizer), max_question_length=32))
-    folder = save_for_hub(model, tokenizer, tmp_path / "card-model")
-    card = (folder / "README.md").read_text(encoding="utf-8")
-    blocks = re.findall(r"```python\n(.*?)```", card, flags=re.S)
-    assert len(blocks) == 2 and "trust_remote_code=True" in blocks[1].split("AutoTokenizer.from_pretrained")[1]
-    with_plugin = subprocess.run([sys.executable, "-c", blocks[0].replace("path/to/checkpoint", str(folder))],
-                                 capture_output=True, text=True, env=CHILD_ENV, stdin=subprocess.DEVNULL, timeout=120)
-    assert with_plugin.returncode == 0, with_plugin.stderr[-3000:]
-    without = _without_package("\n" + blocks[1].replace("path/to/checkpoint", str(folder)))
-    assert without.returncode == 0, without.stderr[-3000:]
 
 
 def test_card_regenerates_its_own_card_and_keeps_a_hand_written_one(converted, capsys):

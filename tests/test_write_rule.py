@@ -430,12 +430,14 @@ model = ClusterFormerForQuestionAnswering(tiny_config(vocab_size=len(tokenizer),
 
 
 def test_card_snippets_run_as_printed(tmp_path, tokenizer):
-    """Row: the card's usage snippet raised ``NameError: long_text`` when run as printed."""
+    """Row: the card's usage snippet raised ``NameError: long_text`` when run as printed. The plugin snippet runs with
+    the package; the other, with ``trust_remote_code``, where the package cannot be imported, without a prompt."""
     folder = save_for_hub(_model(tokenizer, max_question_length=32, max_position_embeddings=128), tokenizer,
                           tmp_path / "card-model")
     card = (folder / "README.md").read_text(encoding="utf-8")
-    with_plugin, without = (block.replace("path/to/checkpoint", str(folder))
-                            for block in re.findall(r"```python\n(.*?)```", card, flags=re.S))
+    blocks = re.findall(r"```python\n(.*?)```", card, flags=re.S)
+    assert len(blocks) == 2 and "trust_remote_code=True" in blocks[1].split("AutoTokenizer.from_pretrained")[1]
+    with_plugin, without = (block.replace("path/to/checkpoint", str(folder)) for block in blocks)
     result = subprocess.run([sys.executable, "-c", with_plugin], capture_output=True, text=True, env=CHILD_ENV,
                             stdin=subprocess.DEVNULL, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]

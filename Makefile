@@ -20,14 +20,14 @@ $(STAMP): setup.cfg constraints.txt pyproject.toml research/pyproject.toml
 demo: install
 	$(PY) examples/demo.py --output_dir outputs --overwrite
 
-# Two test processes (pytest-xdist), each file's tests in one of them (module fixtures are built once); TEST_WORKERS=0
-# runs them in this process. A test that runs past TEST_TIMEOUT seconds fails with its stack (never a silent hang); the
+# Two test processes (pytest-xdist), each file's tests in one of them (module fixtures are built once), the longest
+# files first (tests/conftest.py); TEST_WORKERS=0 runs them in this process. A test that runs past TEST_TIMEOUT seconds fails with its stack (never a silent hang); the
 # 15 slowest tests are listed at the end.
 TEST_WORKERS ?= 2
 TEST_TIMEOUT ?= 900
 
 test: install common-tests
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --timeout $(TEST_TIMEOUT) --durations=15 tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --timeout $(TEST_TIMEOUT) --durations=15 tests
 
 # transformers' common model tests (ModelTesterMixin), which its wheel does not ship: unpacked from the sdist of the
 # installed version into .cache/transformers-tests/ (tests/test_transformers_common.py runs them on every head).

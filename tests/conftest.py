@@ -11,6 +11,23 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 pytest_plugins = ["support.hub_fixtures"]
 
+#: Test files by the seconds their tests took (two test processes, 2026-11-29), longest first: `make test` hands whole
+#: files to its two processes in collection order (``--dist loadfile --no-loadscope-reorder``), so the long files start
+#: first and the short ones fill in at the end, instead of one long file running alone at the end. Order only; a
+#: file not listed runs after these, in its usual order.
+LONGEST_FIRST = (
+    "test_write_rule.py", "test_experiment.py", "test_export_heads.py", "test_realtext.py", "test_run_mlm.py",
+    "test_cli.py", "test_export.py", "test_readme.py", "test_user_safety.py", "test_compile.py", "test_demo.py",
+    "test_transformers_common.py", "test_hub_server.py", "test_layer_types.py", "test_encoder_reference.py",
+    "test_folder_safety.py", "test_run_qa.py", "test_remote_code.py", "test_tasks.py", "test_distributed.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Files in `LONGEST_FIRST` order (the tests of a file keep theirs)."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
 
 def pytest_configure(config):
     """The marks of transformers' common model tests (tests/test_transformers_common.py runs them)."""

@@ -1135,7 +1135,31 @@ def report_text(cells: list[dict], rows: list[dict], stages: dict) -> list[str]:
             f"{', '.join(map(str, questions))} questions per cell; {len(digests)} distinct cell inputs (each cell's "
             "questions and contexts are the same for every model and seed).", "",
             "## Cluster-Former minus sliding window, F1 paired over questions (bootstrap 95 % interval)", "",
-            *comparison_table(rows), "", "## Every cell", "", *cell_table(cells), ""]
+            *comparison_table(rows), "", "## Every cell", "", *cell_table(cells), "",
+            "## Training curves", "", *curve_tables(stages), ""]
+
+
+def curve_tables(stages: dict) -> list[str]:
+    """Per seed: stage A's held-out oracle curve (EM / F1 at its points) and stage B's training loss at each logged
+    step, both models side by side (B has no held-out points: its cells are C's)."""
+    lines = []
+    for seed, record in stages.items():
+        if record.get("A", {}).get("curve"):
+            points = record["A"]["curve"]
+            lines += [f"Stage A ({seed}), held-out oracle questions:", "",
+                      "| step | " + " | ".join(str(p["step"]) for p in points) + " |",
+                      "|---|" + "---|" * len(points),
+                      "| EM | " + " | ".join(f"{p['em']:.1f}" for p in points) + " |",
+                      "| F1 | " + " | ".join(f"{p['f1']:.1f}" for p in points) + " |", ""]
+        losses = {m: {e["step"]: e["loss"] for e in record.get(f"B {m}", {}).get("log", [])} for m in MODELS}
+        steps = sorted(set().union(*losses.values()))
+        if steps:
+            lines += [f"Stage B ({seed}), training loss:", "", "| step | " + " | ".join(MODELS) + " |",
+                      "|---|" + "---|" * len(MODELS)]
+            lines += [f"| {step} | " + " | ".join(_fmt(losses[m].get(step), 3) for m in MODELS) + " |"
+                      for step in steps]
+            lines.append("")
+    return lines or ["No training records."]
 
 
 def plot(cells: list[dict], path: Path) -> None:

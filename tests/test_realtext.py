@@ -100,6 +100,8 @@ def test_device_script_runs_every_stage_and_writes_the_record(reference):
     assert all(r["low"] <= r["difference"] <= r["high"] and r["questions"] == 3 for r in rows)
     text = (record / "results.md").read_text()
     assert "Cluster-Former minus sliding window" in text and text.count("| gold paragraph | oracle |") == 6
+    assert "Stage A (seed0), held-out oracle questions" in text and "Stage B (seed0), training loss" in text
+    assert text.count("\n| 4 | ") == 1  # B's last logged step, a loss for both models
     assert (record / "f1_vs_length.png").read_bytes()[:4] == b"\x89PNG"
     assert len(_cells(record)) == 12
 

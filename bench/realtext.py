@@ -949,8 +949,10 @@ def run_models(study: Study, seed: int) -> None:
                                  "--worker_models", name], env=env) for name in MODELS if pending(study, seed, name)]
     codes = [w.wait() for w in workers]
     if any(codes):
-        raise SystemExit(f"seed {seed}: a model's process failed (exit codes {codes}); run the same command again "
-                         "to resume")
+        killed = " (-9: killed, most likely for memory: a stage B step over 4k-token contexts held 10-13 GB per " \
+                 "process here; free memory first)" if -signal.SIGKILL in codes else ""
+        raise SystemExit(f"seed {seed}: a model's process failed (exit codes {codes}){killed}; run the same command "
+                         "again to resume")
 
 
 def check_config(study: Study) -> None:

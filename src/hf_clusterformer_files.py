@@ -1,7 +1,8 @@
 """File policy of every writer: which files of a folder a model or its run owns, the modes new files get, writing
 into a model folder (`writing_model_dir`, the one way every model folder is written), the one writer of a
 Cluster-Former model folder on it (`write_model_folder`: weights, config with ``auto_map``, code files, custom
-pipeline, tokenizer, card, modes), and what kind of checkpoint a folder holds.
+pipeline, tokenizer, card, modes), what kind of checkpoint a folder holds, and whether a local checkpoint path can
+load at all (`check_local_source`, the command's usage check before torch).
 
 A top-level module with no imports beyond the standard library, on the bottom floor (see ARCHITECTURE.md): the
 command imports it without importing ``hf_clusterformer`` (torch, transformers). The write rule: a folder is written

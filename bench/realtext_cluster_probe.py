@@ -47,7 +47,7 @@ def contiguous_routing(model) -> None:
 
 
 @torch.no_grad()
-def gold_cosines(first, second, records: list[dict], features: list[dict], study) -> list[float]:
+def gold_cosines(first, second, records: list[dict], features: list[dict]) -> list[float]:
     """Mean cosine per hidden-state layer between two models' token states of the gold passage."""
     totals = None
     for record, feature in zip(records, features):
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     first = realtext.load_model(sliding_path, study).eval()
     second = realtext.load_model(cluster_path, study).eval()
     n = options.cosine_questions
-    cosines = gold_cosines(first, second, records[:n], features[:n], study)
+    cosines = gold_cosines(first, second, records[:n], features[:n])
     print(f"gold-passage token cosine, sliding start vs cluster start, per hidden state (embeddings, layers 0-5), "
           f"{n} questions: {cosines}")
     if options.output:

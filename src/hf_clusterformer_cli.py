@@ -85,14 +85,14 @@ def check_usage(args: argparse.Namespace) -> None:
     checkpoint path that cannot load (a Hub id is checked later, with the library)."""
     if args.command in ("predict", "inspect"):
         args.inputs = _read_inputs(args)
-    if args.command == "push" and not os.path.isdir(args.checkpoint) and not os.path.isfile(args.checkpoint):
-        raise CommandError(f"checkpoint directory {args.checkpoint} does not exist.")
     if args.command in _CHECKPOINT_ARGUMENTS:
         attribute, what = _CHECKPOINT_ARGUMENTS[args.command]
         try:
             check_local_source(getattr(args, attribute), what)
         except (OSError, TypeError) as error:
             raise CommandError(str(error)) from error
+    if args.command == "push" and not os.path.isdir(args.checkpoint):  # a name that could be a Hub id: push needs a folder
+        raise CommandError(f"checkpoint directory {args.checkpoint} does not exist.")
 
 
 def check_model_path(path: str, option: str = "checkpoint") -> None:

@@ -555,7 +555,9 @@ def test_usage_errors_of_predict_inspect_push_and_export_start_without_torch(tmp
         (["predict", str(missing), "--question", "q", "--context-file", str(context)], "does not exist"),
         (["inspect", str(folder), "--question", "q", "--context-file", str(context)], "has no config.json"),
         (["push", str(context), "user/name"], "is a file"),
-        (["push", str(missing), "user/name"], "does not exist"),
+        (["push", str(missing), "user/name"], f"checkpoint directory {missing} does not exist"),
+        (["push", "no-such-local-run-7f3a", "user/name"], "checkpoint directory no-such-local-run-7f3a does not exist"),
+        (["push", str(folder), "user/name"], "has no config.json"),
         (["export", str(missing) + "/", str(tmp_path / "out.onnx")], "does not exist"),
     ]
     code = ("import contextlib, io, json, sys, hf_clusterformer_cli\n"

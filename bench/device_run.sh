@@ -14,7 +14,7 @@
 # ../shared/data/squad-v1.1-dev.json.zip into .cache/ and carry .cache (with the MiniLM copy) to the machine.
 #
 #   bash bench/device_run.sh [OUT_DIR]          # on the GPU machine
-#   SIZE=tiny bash bench/device_run.sh /tmp/t   # the same steps at tiny sizes, on CPU, in about a minute
+#   SIZE=tiny bash bench/device_run.sh /tmp/t   # the same steps at tiny sizes, on CPU (one process each), in about a minute
 #
 # Needs torch and transformers (no faiss, no datasets, no network): the library is used from src/, the research
 # package (the reproduction's recipes and data) from research/src/, and the MiniLM weights from $PRETRAINED (default .cache/minilm, written by `python -m hf_clusterformer.pretrained --pack
@@ -57,10 +57,10 @@ if [ "$size" = tiny ]; then
   want encoder-compile && step encoder-compile 300 $python bench/bench_encoder.py --lengths 256 --hidden 32 --layers 3 \
     --heads 2 --peers clusterformer floor --compile --repeats 3 --warmup 2 --json "$out/encoder-compile.json"
   want kmeans && step kmeans 60 $python bench/bench_kmeans.py --n 4000 --dim 32 --clusters 8 --iters 3 --backends torch
-  want reproduce && step reproduce 300 $python bench/reproduce_longrange.py --preset smoke --output_dir "$out"
-  want study && step study 300 $python bench/reproduce_longrange.py --preset smoke --variants clusterformer \
+  want reproduce && step reproduce 300 $python bench/reproduce_longrange.py --preset smoke --workers 1 --threads 1 --output_dir "$out"
+  want study && step study 300 $python bench/reproduce_longrange.py --preset smoke --workers 1 --threads 1 --variants clusterformer \
     clusterformer-prefix sliding --output_dir "$out/study"
-  want gain && step gain 300 $python bench/reproduce_longrange.py --preset smoke --variants clusterformer sliding \
+  want gain && step gain 300 $python bench/reproduce_longrange.py --preset smoke --workers 1 --threads 1 --variants clusterformer sliding \
     --output_dir "$out/gain"
   want realtext && step realtext 300 $python bench/realtext.py --preset tiny --no-parallel --pretrained "$pretrained" \
     --squad_path "$squad" --output_dir "$out/realtext/run" --record_dir "$out/realtext"

@@ -345,12 +345,18 @@ def run_queue(preset: Preset) -> tuple[list[tuple[str, int]], int]:
 
 
 def _run_on_cpu(setup: RunSetup, queue, fits, record, workers: int | None) -> None:
-    """Waves of ``workers`` runs in parallel processes."""
+    """Waves of ``workers`` runs in parallel processes; one worker runs them in this process (no interpreter to start)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     workers = workers or min(2, os.cpu_count() or 1)
     setup.threads = setup.threads or max(1, (os.cpu_count() or 1) // workers)
+    if workers == 1:
+        for position, (variant, seed) in enumerate(queue):
+            if not fits(position):
+                break
+            record(run_one(setup, variant, seed))
+        return
     with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         for begin in range(0, len(queue), workers):
             if not fits(begin):

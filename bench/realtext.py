@@ -1196,7 +1196,8 @@ def plot(cells: list[dict], path: Path) -> None:
     axis.set_ylabel("F1")
     axis.set_title("SQuAD v1.1 dev articles 40-47: F1 vs context length")
     axis.grid(alpha=0.3)
-    axis.legend(fontsize=6.5, loc="best")
+    axis.set_ylim(bottom=0)
+    axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: never over a point
     figure.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(figure)
 

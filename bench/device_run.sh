@@ -50,6 +50,7 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $out/NAM
   | tee "$out/summary.txt"
 
 if [ "$size" = tiny ]; then
+  smoke="--preset smoke --workers 1 --threads 1"  # one process per reproduction
   want encoder && step encoder 120 $python bench/bench_encoder.py --lengths 256 512 --hidden 32 --layers 3 --heads 2 --train \
     --repeats 3 --warmup 1 --json "$out/encoder.json"
   want encoder-profile && step encoder-profile 60 $python bench/bench_encoder.py --lengths 256 --hidden 32 --layers 3 \
@@ -57,10 +58,10 @@ if [ "$size" = tiny ]; then
   want encoder-compile && step encoder-compile 300 $python bench/bench_encoder.py --lengths 256 --hidden 32 --layers 3 \
     --heads 2 --peers clusterformer floor --compile --repeats 3 --warmup 2 --json "$out/encoder-compile.json"
   want kmeans && step kmeans 60 $python bench/bench_kmeans.py --n 4000 --dim 32 --clusters 8 --iters 3 --backends torch
-  want reproduce && step reproduce 300 $python bench/reproduce_longrange.py --preset smoke --workers 1 --threads 1 --output_dir "$out"
-  want study && step study 300 $python bench/reproduce_longrange.py --preset smoke --workers 1 --threads 1 --variants clusterformer \
+  want reproduce && step reproduce 300 $python bench/reproduce_longrange.py $smoke --output_dir "$out"
+  want study && step study 300 $python bench/reproduce_longrange.py $smoke --variants clusterformer \
     clusterformer-prefix sliding --output_dir "$out/study"
-  want gain && step gain 300 $python bench/reproduce_longrange.py --preset smoke --workers 1 --threads 1 --variants clusterformer sliding \
+  want gain && step gain 300 $python bench/reproduce_longrange.py $smoke --variants clusterformer sliding \
     --output_dir "$out/gain"
   want realtext && step realtext 300 $python bench/realtext.py --preset tiny --no-parallel --pretrained "$pretrained" \
     --squad_path "$squad" --output_dir "$out/realtext/run" --record_dir "$out/realtext"

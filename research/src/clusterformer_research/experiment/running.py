@@ -346,23 +346,20 @@ def run_queue(preset: Preset) -> tuple[list[tuple[str, int]], int]:
 
 def _run_on_cpu(setup: RunSetup, queue, fits, record, workers: int | None) -> None:
     """Waves of ``workers`` runs in parallel processes; one worker runs them in this process (no interpreter to start)."""
+    import contextlib
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     workers = workers or min(2, os.cpu_count() or 1)
     setup.threads = setup.threads or max(1, (os.cpu_count() or 1) // workers)
-    if workers == 1:
-        for position, (variant, seed) in enumerate(queue):
-            if not fits(position):
-                break
-            record(run_one(setup, variant, seed))
-        return
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) if workers > 1 else None
+    with pool or contextlib.nullcontext():
         for begin in range(0, len(queue), workers):
             if not fits(begin):
                 break
-            for future in [pool.submit(run_one, setup, v, s) for v, s in queue[begin: begin + workers]]:
-                record(future.result())
+            wave = [(setup, v, s) for v, s in queue[begin: begin + workers]]
+            for run in pool.map(run_one, *zip(*wave)) if pool else (run_one(*args) for args in wave):
+                record(run)
 
 
 def _run_on_gpu(setup: RunSetup, queue, fits, record, budget: float, started: float, first_part: int) -> None:

@@ -67,19 +67,21 @@ SCRIPT = Path(__file__).resolve()
 MODELS = ("sliding", "clusterformer")
 KINDS = ("other", "same")
 ORACLE = "oracle"
-TRAIN_ARTICLES, EVAL_ARTICLES = (0, 40), (40, 48)
+EVAL_ARTICLES = (40, 48)  #: the test articles: only the study's cells score them
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 #: Test-only: a log line holding this variable's text kills its own process (a stop in the middle of a stage).
 STOP_ENV = "REALTEXT_STOP_AT"
 #: Settings that do not change a seed's numbers (all others must match the folder's ``config.json`` to resume; seeds
 #: may be added to a folder).
-RUN_ONLY = ("output_dir", "record_dir", "report_only", "plan_only", "worker_seed", "worker_models", "seeds", "parallel",
+RUN_ONLY = ("output_dir", "record_dir", "report_only", "plan_only", "stop_after", "worker_seed", "worker_models", "seeds",
+            "parallel", "gradient_checkpointing",
             "threads", "threads_a", "time_limit", "squad_path", "pretrained", "log_every", "eval_log_every",
             "bootstrap_samples", "argv")
 
 CPU = dict(
-    seeds=[0], device="cpu", dtype="float32", parallel=True, threads=1, threads_a=2, time_limit=0,
-    layers=0, cluster_layer=3, num_clusters=64, window_size=256, window_stride=224, max_question_length=64,
+    seeds=[0], device="cpu", dtype="float32", parallel=True, gradient_checkpointing=True, threads=1, threads_a=2,
+    time_limit=0, cluster_kind="window_cluster", route_by="states",
+    train_articles=[0, 36], validation_articles=[36, 40], layers=0, cluster_layer=3, num_clusters=64, window_size=256, window_stride=224, max_question_length=64,
     update_every_steps=50, memory_size=20000, min_states=None, max_capture_per_forward=2048,
     a_questions=0, a_steps=500, a_batch=16, a_max_length=256, a_lr=2e-4, a_warmup=20, a_seconds=2400,
     a_eval_questions=64, a_eval_every=50, fit_batches=8,
@@ -125,7 +127,13 @@ HELP = {
     "threads": "torch threads per process after stage A (and of the B probes)",
     "threads_a": "torch threads of stage A and the centroid fit (shared by both models)",
     "time_limit": "seconds after which no further seed or cell starts (0: none)",
+    "train_articles": "articles [first, end) of stages A and B (questions and distractors)",
+    "validation_articles": "articles [first, end) held out of training and of the test cells: stage A's curve and the "
+    "variant screen (--split validation)",
     "layers": "keep MiniLM's first N layers (0: all 6)", "cluster_layer": "Cluster-Former's cluster layer",
+    "cluster_kind": "the kind of that layer: window_cluster (the window's attention plus the cluster chunk's, equal to "
+    "the sliding model at its start) or cluster (the paper's: the cluster chunk's attention instead of the window's)",
+    "route_by": "what the cluster layer routes by: its input states or their key projections",
     "num_clusters": "its K-Means centroids", "window_size": "context tokens per window",
     "window_stride": "window stride (and chunk size of the cluster layer)",
     "max_question_length": "longer questions are left out of every split",
@@ -137,7 +145,7 @@ HELP = {
     "a_max_length": "stage A: tokens per feature (question + paragraph)", "a_lr": "stage A: peak learning rate",
     "a_warmup": "stage A: warm-up steps (then linear decay)",
     "a_seconds": "stage A: after timing steps 10-30, fewer steps when all would take longer (0: no limit)",
-    "a_eval_questions": "stage A's curve: held-out questions (not among the cells' ones when enough are left)",
+    "a_eval_questions": "stage A's curve: validation questions (of --validation_articles)",
     "a_eval_every": "stage A's curve: steps between its points", "fit_batches": "batches of stage B data banked "
     "for Cluster-Former's first centroid fit", "b_steps": "stage B: most steps (the data is built for this many)",
     "b_min_steps": "stage B: fewest steps", "b_batch": "stage B: batch size",
@@ -171,6 +179,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--squad_path", help="SQuAD v1.1 dev JSON or zip (default $CLUSTERFORMER_SQUAD_PATH or ../shared/data)")
     add("--pretrained", help="all-MiniLM-L6-v2 folder (default the verified cache; a packed copy works)")
     add("--parallel", action=argparse.BooleanOptionalAction, help="one process per model after stage A")
+    add("--gradient_checkpointing", action=argparse.BooleanOptionalAction,
+        help="recompute the layers in the backward pass of stage B (the same numbers in about 40 %% of the memory)")
     for name, default in CPU.items():  # a setting's type is its default's (lists of ints; no default: an int)
         if isinstance(default, list):
             add(f"--{name}", type=int, nargs="+", help=HELP[name] + " (%(default)s)")
@@ -178,6 +188,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             add(f"--{name}", type=int if default is None else type(default), help=HELP[name] + " (%(default)s)")
     add("--report_only", action="store_true", help="rebuild the record from --output_dir and stop")
     add("--plan_only", action="store_true", help="print the plan and its estimated time and stop")
+    add("--stop_after", choices=["A"], help="stop when this stage of every seed is done (the same command resumes)")
     add("--worker_seed", type=int, help=argparse.SUPPRESS)
     add("--worker_models", nargs="+", choices=MODELS, help=argparse.SUPPRESS)
     parser.set_defaults(**PRESETS[preset])
@@ -401,26 +412,37 @@ class Study:
 
     def questions(self) -> tuple[list, list]:
         """(test, curve): ``--eval_questions`` questions of articles 40-47 (0: all) drawn once with
-        ``--question_seed``, and ``--a_eval_questions`` more for stage A's curve (from the test ones when none are
-        left)."""
+        ``--question_seed``, and the first ``--a_eval_questions`` validation questions (`validation_questions`) for
+        stage A's curve."""
         if self._questions is None:
             a = self.args
-            pool = self.corpus.question_pool(EVAL_ARTICLES, a.max_question_length)
-            count = a.eval_questions or len(pool)
-            if count > len(pool):
-                raise ValueError(f"--eval_questions {count} exceeds the {len(pool)} questions of articles 40-47")
-            order = np.random.default_rng([a.question_seed, 0]).permutation(len(pool))
-            rest = order[count: count + a.a_eval_questions]
-            curve = rest if len(rest) == a.a_eval_questions else order[: a.a_eval_questions]
-            self._questions = ([pool[i] for i in sorted(order[:count])], [pool[i] for i in sorted(curve)])
+            self._questions = (self.draw_questions(EVAL_ARTICLES, a.eval_questions, "--eval_questions"),
+                               self.validation_questions(a.a_eval_questions))
         return self._questions
 
-    def cell_records(self, kind: str, length: int, questions: list | None = None) -> list[dict]:
-        """A cell's records: the test questions with their gold paragraph (oracle) or a multi-passage context."""
+    def validation_questions(self, count: int) -> list:
+        """``count`` questions of ``--validation_articles`` (0: all), drawn with ``--question_seed``; a smaller
+        count gives a subset of a larger one's."""
+        return self.draw_questions(tuple(self.args.validation_articles), count, "the validation count")
+
+    def draw_questions(self, articles: tuple[int, int], count: int, name: str) -> list:
+        """``count`` questions (0: all) of ``articles`` in article order, drawn with ``--question_seed``."""
+        pool = self.corpus.question_pool(articles, self.args.max_question_length)
+        count = count or len(pool)
+        if count > len(pool):
+            raise ValueError(f"{name} {count} exceeds the {len(pool)} questions of articles {articles[0]}-"
+                             f"{articles[1] - 1}")
+        order = np.random.default_rng([self.args.question_seed, 0]).permutation(len(pool))
+        return [pool[i] for i in sorted(order[:count])]
+
+    def cell_records(self, kind: str, length: int, questions: list | None = None,
+                     articles: tuple[int, int] = EVAL_ARTICLES) -> list[dict]:
+        """A cell's records: the questions (default the test ones) with their gold paragraph (oracle) or a
+        multi-passage context whose distractors come from ``articles``."""
         questions = self.questions()[0] if questions is None else questions
         if kind == ORACLE:
             return [gold_record(self.corpus, p, qa) for p, qa in questions]
-        return [multipassage_record(self.corpus, p, qa, kind, length, EVAL_ARTICLES,
+        return [multipassage_record(self.corpus, p, qa, kind, length, tuple(articles),
                                     np.random.default_rng([self.args.question_seed, 1, KINDS.index(kind), length, i]))
                 for i, (p, qa) in enumerate(questions)]
 
@@ -440,7 +462,7 @@ class Study:
         """Stage A's features: questions of articles 0-39 (``--a_questions`` drawn with the seed, 0: all) with their
         gold paragraph, at most ``--a_max_length`` tokens."""
         a = self.args
-        pool = self.corpus.question_pool(TRAIN_ARTICLES, a.max_question_length)
+        pool = self.corpus.question_pool(tuple(a.train_articles), a.max_question_length)
         picked = np.random.default_rng([seed, 1]).permutation(len(pool))[: a.a_questions or None]
         return as_features([gold_record(self.corpus, *pool[i]) for i in picked], self.tokenizer, a.a_max_length)
 
@@ -450,11 +472,11 @@ class Study:
         length drawn from ``--b_tokens``."""
         if seed not in self._multipassage:
             a = self.args
-            pool = self.corpus.question_pool(TRAIN_ARTICLES, a.max_question_length)
+            pool = self.corpus.question_pool(tuple(a.train_articles), a.max_question_length)
             order = np.random.default_rng([seed, 3]).permutation(len(pool))
             targets = np.random.default_rng([seed, 4]).integers(a.b_tokens[0], a.b_tokens[-1] + 1, size=a.b_steps)
             records = [multipassage_record(self.corpus, *pool[order[i % len(order)]], KINDS[i % 2],
-                                           int(targets[i // a.b_batch]), TRAIN_ARTICLES,
+                                           int(targets[i // a.b_batch]), tuple(a.train_articles),
                                            np.random.default_rng([seed, 5, i]))
                        for i in range(a.b_steps * a.b_batch)]
             features = as_features(records, self.tokenizer, 1 << 20)
@@ -489,10 +511,13 @@ def convert_init(study: Study) -> Path:
     return target
 
 
-def load_model(path: Path, study: Study, **options) -> ClusterFormerForQuestionAnswering:
-    """The QA model saved in ``path`` (``options``: config changes, e.g. a cluster layer added), in train mode."""
+def load_model(path: Path, study: Study, training: bool = False, **options) -> ClusterFormerForQuestionAnswering:
+    """The QA model saved in ``path`` (``options``: config changes, e.g. a cluster layer added), in train mode; for
+    stage B's training (``training``) with gradient checkpointing when ``--gradient_checkpointing``."""
     with quiet_loading():
         model = ClusterFormerForQuestionAnswering.from_pretrained(path, **options)
+    if training and study.args.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
     return model.to(study.device).train()
 
 
@@ -822,7 +847,7 @@ def fit_start(study: Study, seed: int) -> None:
     torch.set_num_threads(a.threads_a)
     began = time.time()
     model = load_model(study.start_path(seed, "sliding"), study, cluster_layers=[a.cluster_layer],
-                       num_clusters=a.num_clusters)
+                       global_layer_type=a.cluster_kind, route_by=a.route_by, num_clusters=a.num_clusters)
     updater = make_updater(model, a, seed)
     data = study.multipassage_features(seed)[: a.fit_batches * a.b_batch]
     seed_everything(seed)
@@ -889,7 +914,7 @@ def train_b(study: Study, seed: int, name: str, steps: int):
     if (folder / "model" / "record.json").is_file():
         say(f"[B {name} seed {seed}] done: skipped")
         return load_model(folder / "model", study)
-    model = load_model(study.start_path(seed, name), study)
+    model = load_model(study.start_path(seed, name), study, training=True)
     updater = make_updater(model, a, seed)
     data = study.multipassage_features(seed)[: steps * a.b_batch]
     stage = TrainStage("B", data, steps, a.b_batch, a.b_lr, warmup=max(1, round(a.b_warmup * steps)),
@@ -914,7 +939,7 @@ def probes(study: Study, seed: int) -> None:
     todo = [n for n in MODELS if not (study.seed_dir(seed) / "B" / f"probe-{n}.json").is_file()]
     torch.set_num_threads(study.args.threads)
     for name in todo:
-        probe_b(study, seed, name, load_model(study.start_path(seed, name), study))
+        probe_b(study, seed, name, load_model(study.start_path(seed, name), study, training=True))
 
 
 def pending(study: Study, seed: int, name: str) -> bool:
@@ -961,7 +986,9 @@ def check_config(study: Study) -> None:
     config = {k: v for k, v in sorted(vars(study.args).items()) if k not in RUN_ONLY}
     if path.is_file():
         saved = read_json(path)
-        changed = sorted(k for k in config.keys() | saved.keys() if config.get(k) != saved.get(k))
+        preset = PRESETS[study.args.preset]  # a setting added since the folder was made holds there at its default
+        added = {k: v for k, v in config.items() if k not in saved and k in preset and v == preset[k]}
+        changed = sorted(k for k in config.keys() | saved.keys() if config.get(k) != {**saved, **added}.get(k))
         if changed:
             raise SystemExit(f"{study.out} holds a run with other settings ({', '.join(changed)}); resume it with its "
                              "own settings, or use another --output_dir")
@@ -985,6 +1012,8 @@ def run_study(study: Study) -> None:
             say(f"out of time (--time_limit {a.time_limit} s): seed {seed} and later not run")
             break
         stage_a(study, seed)
+        if a.stop_after == "A":
+            continue
         fit_start(study, seed)
         probes(study, seed)
         size_b(study, seed)
@@ -992,6 +1021,9 @@ def run_study(study: Study) -> None:
         say(f"STUDY seed {seed} done after {(time.time() - started) / 60:.1f} min in this process")
     path = study.out / "budget.json"
     write_json(path, {**read_json(path), "last_run_wall_seconds": round(time.time() - started)})
+    if a.stop_after:
+        say(f"stopped after stage {a.stop_after} (--stop_after); the same command without it goes on")
+        return
     write_report(study)
 
 

@@ -10,13 +10,14 @@ from transformers.utils import logging
 logger = logging.get_logger(__name__)
 
 #: The kind of an encoder layer: ``sliding`` attends within one window (paper eq. 1-3); the global kinds attend across
-#: windows (paper §3.2, §4.3): K-Means ``cluster`` layers, ``lsh`` layers and ``sparse`` layers.
-LayerKind = Literal["sliding", "cluster", "lsh", "sparse"]
+#: windows (paper §3.2, §4.3): K-Means ``cluster`` layers, ``lsh`` layers and ``sparse`` layers; beyond the paper,
+#: ``window_cluster`` keeps the window's attention and adds a cluster layer's, through a projection that starts at zero.
+LayerKind = Literal["sliding", "cluster", "lsh", "sparse", "window_cluster"]
 #: Every value `ClusterFormerConfig.layer_kinds` may hold: the sliding-window kind, then the global kinds.
 LAYER_TYPES = get_args(LayerKind)
 SLIDING_LAYER_TYPE, GLOBAL_LAYER_TYPES = LAYER_TYPES[0], LAYER_TYPES[1:]
 #: The global kinds whose layer owns a router and sorts states into chunks by its ids.
-ROUTED_LAYER_TYPES = ("cluster", "lsh")
+ROUTED_LAYER_TYPES = ("cluster", "lsh", "window_cluster")
 #: Constructor arguments that spell ``layer_kinds`` (read once, never stored).
 LAYER_KIND_SHORTCUTS = ("cluster_layers", "global_layer_type", "layer_types")
 #: Special tokens around the question in the longest question prefix ``<s> Q </s></s>``; a BERT prefix
@@ -139,8 +140,10 @@ class ClusterFormerConfig(RobertaConfig):
                                       "layers that sort into chunks")
     layer_kinds: list[LayerKind] | None = _option(
         None, "the kind of every encoder layer: sliding (attention within each window), cluster (K-Means centroids), "
-              "lsh (random hyperplane buckets) or sparse (attention across windows at equal in-window position); "
-              "default: cluster at the paper's layers scaled to the depth, sliding elsewhere")
+              "lsh (random hyperplane buckets), sparse (attention across windows at equal in-window position) or "
+              "window_cluster (a window's attention plus a cluster layer's, added through a projection that starts at "
+              "zero: at first the sliding layer exactly); default: cluster at the paper's layers scaled to the depth, "
+              "sliding elsewhere")
     num_clusters: int = _option(64, "centroids per cluster layer (buckets per LSH layer)")
     max_question_length: int = _option(64, "question tokens allowed, without special tokens")
     max_context_length: int = _option(131072, "context tokens allowed in one forward pass")
@@ -151,6 +154,9 @@ class ClusterFormerConfig(RobertaConfig):
                                             "prefix type 0, as BERT's pair template does (BERT-family checkpoints)")
     chunk_question_prefix: bool = _option(False, "beyond the paper: prefix every chunk of a cluster/LSH layer with its "
                                                  "example's question prefix and route only context tokens")
+    route_by: Literal["states", "keys"] = _option("states", "what a routed layer's router compares with its centroids "
+                                                            "(hash vectors): the layer's input states (the paper) or "
+                                                            "their key projections")
 
     def __post_init__(self, **kwargs):
         self._check_sizes()  # before the layer kinds are derived from the depth
@@ -280,6 +286,9 @@ class ClusterFormerConfig(RobertaConfig):
         if len(self.layer_kinds or ()) != self.num_hidden_layers:
             raise ValueError(f"layer_kinds lists {len(self.layer_kinds or ())} kinds for {self.num_hidden_layers} "
                              "encoder layers; give one per layer.")
+        if self.chunk_question_prefix and "window_cluster" in self.layer_kinds:
+            raise ValueError("chunk_question_prefix applies to cluster and lsh layers, not window_cluster ones (each of "
+                             "their states sees its window's question already); set it False.")
         if "lsh" in self.layer_kinds and self.num_clusters % 2:
             raise ValueError(f"num_clusters must be even for LSH layers (buckets: ±projections), "
                              f"got {self.num_clusters}.")

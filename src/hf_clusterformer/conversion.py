@@ -30,6 +30,7 @@ from .hub import save_for_hub
 from .loading import check_checkpoint_source
 from .modeling_clusterformer import (
     ClusterFormerForQuestionAnswering,
+    drawn_weights,
     mark_untrained,
     untrained_weights,
 )
@@ -113,8 +114,10 @@ def model_options() -> dict[str, ModelOption]:
     for option in fields(ClusterFormerConfig):
         if "help" not in option.metadata:
             continue
-        alternatives = [t for t in (get_args(option.type) or (option.type,)) if t is not type(None)]
-        scalars = [t for t in alternatives if not get_args(t)]
+        literal = get_origin(option.type) is Literal  # one of a few values, e.g. route_by
+        alternatives = [option.type] if literal else [t for t in get_args(option.type) or (option.type,)
+                                                      if t is not type(None)]
+        scalars = [t for t in alternatives if not get_args(t) or get_origin(t) is Literal]
         item = (scalars or [get_args(t)[0] for t in alternatives])[0]
         choices = get_args(item) if get_origin(item) is Literal else None
         table[option.name] = ModelOption(option.name, option.type, option.default, option.metadata["help"],
@@ -395,7 +398,7 @@ def _converted_model(
     src, source, tokenizer, options, hub_kwargs, task: str = "question-answering"
 ) -> tuple[PreTrainedModel, list[str]]:
     """The Cluster-Former model of a source checkpoint with the head of the pipeline ``task``
-    (`hf_clusterformer_heads.HEADS`), and the names of its parameters the source lacks (the router buffers excluded)."""
+    (`hf_clusterformer_heads.HEADS`), and the names of its parameters the source lacks (`drawn_weights`)."""
     model_class = getattr(modeling_clusterformer, find_head(task).class_name)
     state = None
     if source.model_type == "bert":
@@ -424,8 +427,7 @@ def _converted_model(
         missing = model.load_state_dict(state, strict=False).missing_keys
         tied = {target for target, _ in getattr(model, "all_tied_weights_keys", {}).items()}
         missing = [key for key in missing if key not in tied]  # the MLM decoder: the word embeddings
-    routers = {f"roberta.encoder.layer.{i}.router." for i in config.global_layers}
-    return model, sorted(k for k in missing if not any(k.startswith(r) for r in routers))
+    return model, sorted(drawn_weights(missing))
 
 
 def load_qa_model(

@@ -644,11 +644,15 @@ class ClusterFormerLayer(RobertaLayer):
         last one may be shorter; slot counts vary by layer type), which bounds its activations, not its outputs.
         """
         attention_output, attention_weights = self.attention(hidden_states, attention_mask, **kwargs)
+        return self.feed_forward(attention_output), attention_weights
+
+    def feed_forward(self, attention_output: torch.Tensor) -> torch.Tensor:
+        """The feed-forward block, on pieces of ``chunk_size_feed_forward`` slots when set: (N, S, d) -> (N, S, d)."""
         chunk = self.chunk_size_feed_forward
         if not chunk or attention_output.shape[self.seq_len_dim] <= chunk:
-            return self.feed_forward_chunk(attention_output), attention_weights
+            return self.feed_forward_chunk(attention_output)
         pieces = attention_output.split(chunk, dim=self.seq_len_dim)
-        return torch.cat([self.feed_forward_chunk(piece) for piece in pieces], dim=self.seq_len_dim), attention_weights
+        return torch.cat([self.feed_forward_chunk(piece) for piece in pieces], dim=self.seq_len_dim)
 
 
 class LayerMasks:
@@ -795,6 +799,13 @@ class RoutedLayer(ClusterFormerLayer):
     def __init__(self, config: ClusterFormerConfig, layer_idx: int):
         super().__init__(config, layer_idx=layer_idx)
         self.router = ROUTER_CLASSES[config.layer_kinds[layer_idx]](config, layer_idx)
+        self.route_by = config.route_by
+
+    def route(self, flat: torch.Tensor, masks: LayerMasks) -> torch.Tensor:
+        """Cluster (bucket) ids of the representative slots by ``config.route_by``: the states themselves or their key
+        projections: (B, L, d) -> (B, L) long."""
+        routed = flat if self.route_by == "states" else self.attention.self.key(flat)
+        return self.router(routed, masks.representative)
 
     def forward_windows(
         self, states: torch.Tensor, masks: LayerMasks, length: int
@@ -807,7 +818,7 @@ class RoutedLayer(ClusterFormerLayer):
         """
         batch, _, _, hidden = states.shape
         flat = states.reshape(batch, -1, hidden)
-        ids = self.router(flat, masks.representative)
+        ids = self.route(flat, masks)
         chunks, chunk_valid, order = sort_into_chunks(flat, ids, masks.chunk_size, self.router.num_clusters,
                                                       masks.routed_chunks, masks.bounded)
         if masks.question_prefix:
@@ -848,10 +859,56 @@ class RoutedLayer(ClusterFormerLayer):
         return torch.where(question, padded_prefix.to(flat_out.dtype), flat_out), weights
 
 
+class ZeroInitLinear(nn.Linear):
+    """A linear map whose weight and bias start at zero (`ClusterFormerPreTrainedModel._init_weights`): a path added
+    through it changes nothing until training moves it, and it is never recorded as untrained."""
+
+
+class WindowClusterLayer(RoutedLayer):
+    """A sliding-window layer with a cluster layer's attention added (kind ``window_cluster``, beyond the paper).
+
+    Every slot attends within its window (`SlidingWindowLayer`) and, with the same query, key and value weights, within
+    its cluster chunk (`RoutedLayer`'s routing, sort and chunks); the chunk's attention output enters beside the
+    window's through ``routed_output`` (a `ZeroInitLinear`) before the residual sum and LayerNorm. With
+    ``routed_output`` at zero the layer is its sliding-window layer exactly, so a converted checkpoint reads as the
+    sliding-window model until training opens the routed path.
+    """
+
+    def __init__(self, config: ClusterFormerConfig, layer_idx: int):
+        super().__init__(config, layer_idx=layer_idx)
+        self.routed_output = ZeroInitLinear(config.hidden_size, config.hidden_size)
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                routed_context: torch.Tensor | None = None, **kwargs):
+        """(N, S, d), mask (N, 1, S, S), the routed attention output of every slot (N, S, d) -> ((N, S, d), attention
+        weights (N, h, S, S) or None)."""
+        context, weights = self.attention.self(hidden_states, attention_mask, **kwargs)
+        output = self.attention.output
+        mixed = output.dropout(output.dense(context) + self.routed_output(routed_context))
+        return self.feed_forward(output.LayerNorm(mixed + hidden_states)), weights
+
+    def forward_windows(
+        self, states: torch.Tensor, masks: LayerMasks, length: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """(B, K, S, d) -> ((B, K, S, d), window weights (B * K, h, S, S) or None, ids (B, L) with -1 for slots that
+        took no part in the routed path). Repeated context copies take their owner's routed output, padding zeros."""
+        batch, windows, slots, hidden = states.shape
+        flat = states.reshape(batch, -1, hidden)
+        ids = self.route(flat, masks)
+        chunks, chunk_valid, order = sort_into_chunks(flat, ids, masks.chunk_size, self.router.num_clusters,
+                                                      masks.routed_chunks, masks.bounded)
+        routed, _ = self.attention.self(chunks, masks.chunk(chunk_valid))  # (B * C, m, d)
+        routed = unsort_from_chunks(routed, order, flat.shape[1], fill=torch.zeros_like(flat), bounded=masks.bounded)
+        routed = masks.share(routed.view_as(states), True, length).masked_fill(~masks.layout.valid.unsqueeze(-1), 0)
+        out, weights = self(states.view(-1, slots, hidden), masks.window, routed_context=routed.view(-1, slots, hidden))
+        return masks.share(out.view_as(states), False, length), weights, ids.masked_fill(~masks.representative, -1)
+
+
 #: The router of each routed layer kind.
-ROUTER_CLASSES = {"cluster": ClusterRouter, "lsh": LSHRouter}
+ROUTER_CLASSES = {"cluster": ClusterRouter, "lsh": LSHRouter, "window_cluster": ClusterRouter}
 #: The module class of each layer kind (`ClusterFormerConfig.layer_kinds`), chosen when the model is built.
-LAYER_CLASSES = {"sliding": SlidingWindowLayer, "sparse": SparseLayer, "cluster": RoutedLayer, "lsh": RoutedLayer}
+LAYER_CLASSES = {"sliding": SlidingWindowLayer, "sparse": SparseLayer, "cluster": RoutedLayer, "lsh": RoutedLayer,
+                 "window_cluster": WindowClusterLayer}
 
 
 def _rename_legacy_router_keys(module: nn.Module, state_dict: dict, prefix: str, *args) -> None:
@@ -1050,15 +1107,26 @@ def check_finite(model: nn.Module) -> None:
                          "meaningless; load an earlier checkpoint, or train again (with a lower learning rate).")
 
 
+#: Parts of parameter names whose fresh values belong to the model's design, never recorded as untrained: the router
+#: buffers (centroids are fitted, not trained) and a window_cluster layer's routed projection (its zero is the start).
+DESIGNED_STARTS = (".router.", ".routed_output.")
+
+
+def drawn_weights(keys) -> list[str]:
+    """The names among ``keys`` (parameters a model had to initialise) that were drawn at random: all but
+    `DESIGNED_STARTS`."""
+    return [key for key in keys if not any(part in key for part in DESIGNED_STARTS)]
+
+
 def _record_new_weights(model: nn.Module, missing_keys) -> None:
-    """Record the parameters `from_pretrained` initialised because the checkpoint lacks them (router buffers aside)
+    """Record the parameters `from_pretrained` initialised because the checkpoint lacks them (`drawn_weights`)
     as untrained in ``model.config`` (`mark_untrained`), with those recorded before that are still untrained, so that
     a head drawn at load and saved as it is (through the Auto classes too) is known as untrained: export and the QA
     pipeline refuse it until the weights change. A checkpoint's own copy of this file records the same way.
 
     A head drawn at load is also said in one warning, for callers that check nothing (``transformers.pipeline`` of
     another head on a folder)."""
-    new = [key for key in missing_keys if ".router." not in key]
+    new = drawn_weights(missing_keys)
     if new:
         mark_untrained(model, sorted(set(new) | set(untrained_weights(model))))
     head = sorted(key for key in new if not key.startswith(f"{model.base_model_prefix}."))
@@ -1099,6 +1167,9 @@ class ClusterFormerPreTrainedModel(RobertaPreTrainedModel):
             module._seen_fitted = False
         elif isinstance(module, LSHRouter):
             init.copy_(module.hash_vectors, module.initial_hash_vectors())
+        elif isinstance(module, ZeroInitLinear):
+            init.zeros_(module.weight)
+            init.zeros_(module.bias)
         else:
             super()._init_weights(module)
 

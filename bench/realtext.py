@@ -67,6 +67,9 @@ SCRIPT = Path(__file__).resolve()
 MODELS = ("sliding", "clusterformer")
 KINDS = ("other", "same")
 ORACLE = "oracle"
+#: Cluster kinds whose model at its start is the sliding-window model exactly (tests/test_window_cluster.py): their
+#: start cells would repeat the sliding start's, so they are not scored again.
+EQUAL_AT_START = ("window_cluster",)
 EVAL_ARTICLES = (40, 48)  #: the test articles: only the study's cells score them
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 #: Test-only: a log line holding this variable's text kills its own process (a stop in the middle of a stage).
@@ -85,7 +88,7 @@ CPU = dict(
     update_every_steps=50, memory_size=20000, min_states=None, max_capture_per_forward=2048,
     a_questions=0, a_steps=500, a_batch=16, a_max_length=256, a_lr=2e-4, a_warmup=20, a_seconds=2400,
     a_eval_questions=64, a_eval_every=50, fit_batches=8,
-    b_steps=150, b_min_steps=60, b_batch=4, b_tokens=[1000, 4000], b_lr=1e-4, b_warmup=0.1, b_seconds=2400,
+    b_steps=100, b_min_steps=100, b_batch=4, b_tokens=[1000, 4000], b_lr=1e-4, b_warmup=0.1, b_seconds=2400,
     probe_steps=10, eval_questions=200, question_seed=0, other_lengths=[2000, 4000, 8000, 16000],
     same_lengths=[4000, 16000], start_lengths=[2000, 16000], eval_batch=1, max_answer_length=30,
     checkpoint_every=25, log_every=5, eval_log_every=25, bootstrap_samples=10000,
@@ -897,6 +900,10 @@ def size_b(study: Study, seed: int) -> int:
     a, path = study.args, study.seed_dir(seed) / "B" / "size.json"
     if path.is_file():
         return read_json(path)["steps"]
+    if a.b_min_steps >= a.b_steps:  # a fixed length: nothing to size
+        write_json(path, {"steps": a.b_steps, "b_seconds": None})
+        say(f"[B seed {seed}] {a.b_steps} steps for both models (--b_min_steps = --b_steps)")
+        return a.b_steps
     probes = {m: read_json(study.seed_dir(seed) / "B" / f"probe-{m}.json")["seconds_per_step"] for m in MODELS}
     slowest = max(max(probes.values()), 1e-3)
     steps = a.b_steps if not a.b_seconds else int(np.clip(a.b_seconds // slowest, a.b_min_steps, a.b_steps))
@@ -936,25 +943,38 @@ def train_b(study: Study, seed: int, name: str, steps: int):
 
 def probes(study: Study, seed: int) -> None:
     """Time stage B on each model's start (`probe_b`), one after the other on ``--threads`` threads."""
+    if study.args.b_min_steps >= study.args.b_steps:  # B's length is fixed (`size_b`)
+        return
     todo = [n for n in MODELS if not (study.seed_dir(seed) / "B" / f"probe-{n}.json").is_file()]
     torch.set_num_threads(study.args.threads)
     for name in todo:
         probe_b(study, seed, name, load_model(study.start_path(seed, name), study, training=True))
 
 
+def start_scored_by(args, name: str) -> list[str]:
+    """The models whose start cells ``name``'s process scores: its own, or, when Cluster-Former's start is the sliding
+    model exactly (`EQUAL_AT_START`), none for it and the sliding start's for Cluster-Former's process (which has no
+    start cells of its own to score, so the two processes stay even)."""
+    if args.cluster_kind not in EQUAL_AT_START:
+        return [name]
+    return ["sliding"] if name == "clusterformer" else []
+
+
 def pending(study: Study, seed: int, name: str) -> bool:
-    """Whether ``name`` has a cell left to score (stage A's or C's)."""
-    cells = [("A", c) for c in start_cells(study.args)] + [("B", c) for c in final_cells(study.args)]
-    return any(not study.cell_path(seed, stage, name, *c).is_file() for stage, c in cells)
+    """Whether ``name``'s process has a cell left to score (stage A's or C's)."""
+    cells = [("A", m, c) for m in start_scored_by(study.args, name) for c in start_cells(study.args)]
+    cells += [("B", name, c) for c in final_cells(study.args)]
+    return any(not study.cell_path(seed, stage, model, *c).is_file() for stage, model, c in cells)
 
 
 def model_work(study: Study, seed: int, names: list[str]) -> None:
-    """Per model: score its start on stage A's cells, train stage B, score stage C's cells."""
+    """Per model: score its start on stage A's cells (`start_scored_by`), train stage B, score stage C's cells."""
     names = [n for n in names if pending(study, seed, n)]
     if not names:
         return
-    starts = {n: load_model(study.start_path(seed, n), study) for n in names
-              if any(not study.cell_path(seed, "A", n, *c).is_file() for c in start_cells(study.args))}
+    owners = [m for n in names for m in start_scored_by(study.args, n)]
+    starts = {m: load_model(study.start_path(seed, m), study) for m in owners
+              if any(not study.cell_path(seed, "A", m, *c).is_file() for c in start_cells(study.args))}
     score_cells(study, seed, "A", starts, start_cells(study.args))
     del starts
     steps = read_json(study.seed_dir(seed) / "B" / "size.json")["steps"]
@@ -1148,14 +1168,14 @@ def write_report(study: Study) -> Path:
                "stages": stages, "comparisons": rows,
                "cells": [{k: v for k, v in c.items() if k != "per_question"} for c in cells]}
     write_json(record / "summary.json", summary)
-    (record / "results.md").write_text("\n".join(report_text(cells, rows, stages)) + "\n")
+    (record / "results.md").write_text("\n".join(report_text(cells, rows, stages, study.args)) + "\n")
     plot(cells, record / "f1_vs_length.png")
     say(f"record written to {record}")
     say("\n".join(comparison_table(rows)))
     return record / "results.md"
 
 
-def report_text(cells: list[dict], rows: list[dict], stages: dict) -> list[str]:
+def report_text(cells: list[dict], rows: list[dict], stages: dict, args) -> list[str]:
     digests = {c["digest"] for c in cells}
     questions = sorted({c["questions"] for c in cells})
     steps = [f"{seed}: A {r['A']['steps']} steps" + "".join(f", B {m} {r[f'B {m}']['steps']} steps" for m in MODELS
@@ -1165,6 +1185,10 @@ def report_text(cells: list[dict], rows: list[dict], stages: dict) -> list[str]:
               for c in cells if c["kind"] == ORACLE]
     return ["# Real text: SQuAD v1.1 dev, articles 40-47 (`bench/realtext.py`)", "",
             "Training: " + "; ".join(steps) + ".", "",
+            f"Cluster-Former: layer {args.cluster_layer} of kind `{args.cluster_kind}`, {args.num_clusters} clusters, "
+            f"routed by its {args.route_by}" + (", which at its start is the sliding-window model exactly (tested), "
+                                                "so the start row is the sliding start's" if args.cluster_kind in
+                                                EQUAL_AT_START else "") + ".", "",
             "Oracle F1 (gold paragraph alone): " + ", ".join(oracle) + ".", "",
             f"{', '.join(map(str, questions))} questions per cell; {len(digests)} distinct cell inputs (each cell's "
             "questions and contexts are the same for every model and seed).", "",

@@ -615,13 +615,42 @@ def _set_config_field(config: Any, name: str, value: Any) -> None:
         delattr(config, name)
 
 
+def _code_files(model: Any) -> list[Path]:
+    """The code files a folder of ``model`` gets (`CODE_FILES`; ``pipeline.py`` for a question-answering model whose
+    modeling file has it beside it), where they are copied from."""
+    code = Path(_modeling_module(model).__file__).parent
+    # a QA checkpoint maps the task to its copy of pipeline.py (when at hand); no other keeps an entry naming it
+    question_answering = type(model).__name__.endswith("ForQuestionAnswering") and (code / CODE_FILES[2]).is_file()
+    return [code / name for name in (CODE_FILES if question_answering else CODE_FILES[:2])]
+
+
+def _check_in_place(folder: Path, code: Sequence[Path], overwrite: bool, option: str) -> None:
+    """Before a write into ``folder`` as it is (``save_pretrained``): `ModelFolderExistsError` for a code file there
+    that the library did not write and that differs from the one to be copied (a file of the user's), unless
+    ``overwrite``; its config and weights are transformers' to replace."""
+    folder = output_folder(folder)
+    if overwrite or not folder.is_dir():
+        return
+    same = {path.name for path in code if (folder / path.name).is_file() and not (folder / path.name).is_symlink()
+            and file_sha256(folder / path.name) == file_sha256(path)}
+    check_own_files(folder, [path.name for path in code if path.name not in same], overwrite, option)
+
+
+def _record_own(folder: Path, names: Sequence[str]) -> None:
+    """Add ``names`` (files just written into ``folder``) to its record of the library's files (`OWN_FILES_RECORD`)."""
+    folder = output_folder(folder)
+    record = library_files(folder)
+    record.update({name: file_sha256(folder / name) for name in names if (folder / name).is_file()})
+    write_file(folder / OWN_FILES_RECORD, json.dumps({"files": dict(sorted(record.items()))}, indent=1) + "\n",
+               overwrite=True)
+
+
 def _write_model_files(model: Any, folder: Path, tokenizer: Any, card: Any, verify: Any, save_args: tuple,
                        save_options: dict) -> None:
     """`write_model_folder`'s files, written into ``folder`` as it is."""
     folder.mkdir(parents=True, exist_ok=True)
-    config, code = model.config, Path(_modeling_module(model).__file__).parent
-    # a QA checkpoint maps the task to its copy of pipeline.py (when at hand); no other keeps an entry naming it
-    question_answering = type(model).__name__.endswith("ForQuestionAnswering") and (code / CODE_FILES[2]).is_file()
+    config, code = model.config, _code_files(model)
+    question_answering = len(code) == len(CODE_FILES)
     apply_auto_map(model)
     previous = getattr(config, "custom_pipelines", None)
     pipelines = {task: entry for task, entry in (previous or {}).items() if not _names_code(entry)}
@@ -634,8 +663,10 @@ def _write_model_files(model: Any, folder: Path, tokenizer: Any, card: Any, veri
         _set_config_field(config, "custom_pipelines", previous)
     if not save_options.get("is_main_process", True):
         return
-    for name in CODE_FILES if question_answering else CODE_FILES[:2]:
-        shutil.copyfile(code / name, folder / name)
+    for path in code:
+        if (folder / path.name).is_symlink():  # replaced (with overwrite), never written through
+            (folder / path.name).unlink()
+        shutil.copyfile(path, folder / path.name)
     apply_default_modes(folder)
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
@@ -664,8 +695,14 @@ def write_model_folder(
     ``path`` as it is (what transformers' ``save_pretrained`` does, and a folder being written already).
     """
     if in_place:
-        _write_model_files(model, Path(path), tokenizer, card, verify, save_args, save_options)
-        return Path(path)
+        folder = Path(path)
+        code = _code_files(model)
+        if save_options.get("is_main_process", True):
+            _check_in_place(folder, code, overwrite, option)
+        _write_model_files(model, folder, tokenizer, card, verify, save_args, save_options)
+        if save_options.get("is_main_process", True):
+            _record_own(folder, [path.name for path in code])
+        return folder
     with writing_model_dir(path, overwrite, option) as staging:
         _write_model_files(model, staging, tokenizer, card, verify, save_args, save_options)
     return Path(path)

@@ -186,6 +186,30 @@ def test_a_users_file_with_a_model_files_name_is_refused_without_overwrite(work,
     assert (folder / name).read_text(encoding="utf-8") != "mine"
 
 
+def test_save_pretrained_keeps_the_users_code_files_unless_overwrite(tmp_path, tokenizer):
+    """Row: ``model.save_pretrained(DIR)`` replaced the user's own ``modeling_clusterformer.py``,
+    ``configuration_clusterformer.py`` and ``pipeline.py`` without a word; a folder it wrote itself is saved into
+    again, and ``overwrite=True`` replaces the user's files."""
+    model = ClusterFormerForQuestionAnswering(tiny_config(vocab_size=len(tokenizer), window_size=32, window_stride=24,
+                                                          max_question_length=16))
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    names = ("modeling_clusterformer.py", "configuration_clusterformer.py", "pipeline.py")
+    for name in (*names, "notes.txt"):
+        (folder / name).write_text(f"# my {name}\n", encoding="utf-8")
+    before = _snapshot(folder)
+    with pytest.raises(ModelFolderExistsError, match=r"modeling_clusterformer\.py.* is yours.*overwrite=True"):
+        model.save_pretrained(folder)
+    assert _snapshot(folder) == before
+    model.save_pretrained(tmp_path / "fresh")
+    model.save_pretrained(tmp_path / "fresh")  # its own files, recorded: saved into again
+    assert set(names) <= set(library_files(tmp_path / "fresh"))
+    model.save_pretrained(folder, overwrite=True)
+    assert all((folder / name).read_text(encoding="utf-8") != f"# my {name}\n" for name in names)
+    assert (folder / "notes.txt").read_text(encoding="utf-8") == "# my notes.txt\n"
+    ClusterFormerForQuestionAnswering.from_pretrained(folder)
+
+
 def test_a_converted_folder_is_what_it_was_plus_the_models_files(work, roberta):
     folder = work / "plus-only"
     (folder / "logs").mkdir(parents=True)

@@ -1225,8 +1225,8 @@ class ClusterFormerPreTrainedModel(RobertaPreTrainedModel):
     def save_pretrained(self, save_directory, *args, **kwargs):
         """`PreTrainedModel.save_pretrained` (the Trainer's checkpoints included) through the package's one writer of
         a model folder, `hf_clusterformer_files.write_model_folder`, into the folder as it is: weights and config with
-        every ``auto_map`` entry, the code files (``pipeline.py`` and its ``custom_pipelines`` entry for a QA model),
-        usual modes. A Hub copy of this file used without the package writes the folder on its own
+        every ``auto_map`` entry, the code files (``pipeline.py`` and its ``custom_pipelines`` entry for a QA model;
+        code files of the user's there are refused unless ``overwrite=True``), usual modes. A Hub copy of this file used without the package writes the folder on its own
         (`_save_on_its_own`)."""
         try:
             from hf_clusterformer_files import write_model_folder

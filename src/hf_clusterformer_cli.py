@@ -413,6 +413,12 @@ def _push(checkpoint: str, repo_id: str, private: bool = False, message: str | N
     if problems:
         raise CommandError(f"refusing to push {checkpoint}: {'; '.join(problems)}; write checkpoints with "
                            "`clusterformer train` or hf_clusterformer.hub.save_for_hub.")
+    from hf_clusterformer.loading import check_finite_file
+
+    try:
+        check_finite_file(checkpoint, "a push")
+    except ValueError as error:
+        raise CommandError(str(error)) from error
     try:
         reason = hub_unreachable()
         if reason:

@@ -636,15 +636,6 @@ def _check_in_place(folder: Path, code: Sequence[Path], overwrite: bool, option:
     check_own_files(folder, [path.name for path in code if path.name not in same], overwrite, option)
 
 
-def _record_own(folder: Path, names: Sequence[str]) -> None:
-    """Add ``names`` (files just written into ``folder``) to its record of the library's files (`OWN_FILES_RECORD`)."""
-    folder = output_folder(folder)
-    record = library_files(folder)
-    record.update({name: file_sha256(folder / name) for name in names if (folder / name).is_file()})
-    write_file(folder / OWN_FILES_RECORD, json.dumps({"files": dict(sorted(record.items()))}, indent=1) + "\n",
-               overwrite=True)
-
-
 def _write_model_files(model: Any, folder: Path, tokenizer: Any, card: Any, verify: Any, save_args: tuple,
                        save_options: dict) -> None:
     """`write_model_folder`'s files, written into ``folder`` as it is."""
@@ -663,10 +654,8 @@ def _write_model_files(model: Any, folder: Path, tokenizer: Any, card: Any, veri
         _set_config_field(config, "custom_pipelines", previous)
     if not save_options.get("is_main_process", True):
         return
-    for path in code:
-        if (folder / path.name).is_symlink():  # replaced (with overwrite), never written through
-            (folder / path.name).unlink()
-        shutil.copyfile(path, folder / path.name)
+    for path in code:  # each recorded as the library's (a symlink there is replaced, never written through)
+        write_file(output_folder(folder) / path.name, path.read_bytes(), overwrite=True, own=True)
     apply_default_modes(folder)
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
@@ -691,18 +680,19 @@ def write_model_folder(
     model's own modeling file's folder; weight files with the usual mode; ``tokenizer`` when given; ``card`` (text,
     or a call returning it) as a stamped ``README.md`` when given. ``verify(folder)`` may raise before the files are put in place.
 
-    The folder is written by `writing_model_dir` (its refusals; ``overwrite``, ``option``), or, ``in_place``, into
-    ``path`` as it is (what transformers' ``save_pretrained`` does, and a folder being written already).
+    A model with NaN or inf weights is refused (`ValueError`) before anything is written. The folder is written by
+    `writing_model_dir` (its refusals; ``overwrite``, ``option``), or, ``in_place``, into ``path`` as it is (what
+    transformers' ``save_pretrained`` does, and a folder being written already; code files of the user's refused).
     """
+    try:  # NaN or inf weights are never written (a Hub copy from before the check has none)
+        getattr(_modeling_module(model), "check_finite", lambda model: None)(model)
+    except ValueError as error:
+        raise ValueError(f"nothing was written to {path}: {error}") from None
     if in_place:
-        folder = Path(path)
-        code = _code_files(model)
         if save_options.get("is_main_process", True):
-            _check_in_place(folder, code, overwrite, option)
-        _write_model_files(model, folder, tokenizer, card, verify, save_args, save_options)
-        if save_options.get("is_main_process", True):
-            _record_own(folder, [path.name for path in code])
-        return folder
+            _check_in_place(Path(path), _code_files(model), overwrite, option)
+        _write_model_files(model, Path(path), tokenizer, card, verify, save_args, save_options)
+        return Path(path)
     with writing_model_dir(path, overwrite, option) as staging:
         _write_model_files(model, staging, tokenizer, card, verify, save_args, save_options)
     return Path(path)

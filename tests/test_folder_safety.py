@@ -420,6 +420,48 @@ def test_a_pipeline_of_another_head_and_nan_weights_are_one_line(work, roberta, 
             hf_clusterformer.pipeline(model=model, tokenizer=tokenizer, task=task)
 
 
+def test_weights_that_turn_nan_in_a_session_are_refused_by_every_reader_and_writer(work, roberta, tokenizer, capsys,
+                                                                                  tmp_path):
+    """Row: weights that became NaN after the pipeline was built (a diverged run in the same session) still answered
+    with score 1.0; ``save_for_hub``, ``save_pretrained`` and ``card`` wrote such a model silently."""
+    import shutil
+
+    import hf_clusterformer
+    from hf_clusterformer import ClusterFormerForSequenceClassification
+
+    folder = work / "turns-nan"
+    assert main(["convert", str(roberta), str(folder), *SMALL]) == 0
+    model = ClusterFormerForQuestionAnswering.from_pretrained(folder)
+    qa = hf_clusterformer.pipeline(model=model, tokenizer=tokenizer)
+    assert qa(question=QUESTION, context=CONTEXT)["score"] < 1
+    classifier = ClusterFormerForSequenceClassification(tiny_config(vocab_size=len(tokenizer), window_size=32,
+                                                                    window_stride=24, max_question_length=16))
+    classify = hf_clusterformer.pipeline(model=classifier, tokenizer=tokenizer, task="text-classification",
+                                         allow_untrained=True)
+    classify(CONTEXT)
+    with torch.no_grad():
+        model.qa_outputs.weight[0, 0] = float("nan")
+        classifier.classifier.out_proj.weight[0, 0] = float("inf")
+    with pytest.raises(ValueError, match=r"ClusterFormerForQuestionAnswering holds weights that are NaN or inf.*"
+                                         r"qa_outputs\.weight"):
+        qa(question=QUESTION, context=CONTEXT)
+    with pytest.raises(ValueError, match="NaN or inf"):
+        classify(CONTEXT)
+    for write in (lambda out: save_for_hub(model, tokenizer, out), model.save_pretrained):
+        with pytest.raises(ValueError, match="nothing was written to .*NaN or inf"):
+            write(tmp_path / "out")
+        assert not (tmp_path / "out").exists()
+    broken = tmp_path / "broken"  # a folder whose weights file holds NaN (written before these checks, or by hand)
+    shutil.copytree(folder, broken)
+    tensors = load_file(broken / "model.safetensors")
+    tensors["qa_outputs.weight"][0, 0] = float("nan")
+    save_file(tensors, broken / "model.safetensors", metadata={"format": "pt"})
+    card = (broken / "README.md").read_bytes()
+    _one_line(capsys, ["card", str(broken), "--overwrite"], str(broken), "NaN or inf", "a card")
+    _one_line(capsys, ["push", str(broken), "user/broken"], "NaN or inf", "a push")
+    assert (broken / "README.md").read_bytes() == card
+
+
 def test_converting_another_tasks_head_names_it_and_the_fix(work, tokenizer, capsys):
     """Row: a token-classification checkpoint converted with ``--task multiple-choice`` was said to hold "tensors of
     other shapes than its config"."""

@@ -337,8 +337,8 @@ def push_model(
         The `huggingface_hub.CommitInfo` of the upload (``.oid``, ``.commit_url``).
 
     Raises:
-        ValueError: ``repo_id`` is no Hub repo id, or the uploaded files do not make a self-contained Cluster-Former
-            checkpoint.
+        ValueError: ``repo_id`` is no Hub repo id, the uploaded files do not make a self-contained Cluster-Former
+            checkpoint, or its weights hold NaN or inf.
     """
     from huggingface_hub import CommitOperationAdd, HfApi
 
@@ -347,6 +347,9 @@ def push_model(
     problems = check_hub_checkpoint(local_dir, uploaded)
     if problems:
         raise ValueError(f"Refusing to push {local_dir}: " + "; ".join(problems))
+    from .loading import check_finite_file
+
+    check_finite_file(local_dir, "a push")
     api = HfApi(endpoint=endpoint, token=token)
     repo_id = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model").repo_id
     if revision is not None and not create_pr:

@@ -17,13 +17,14 @@ import socket
 from typing import Any
 
 import hf_clusterformer_heads
+import torch
 import transformers.pipelines as hf_pipelines
 from hf_clusterformer_files import check_local_source
 from hf_clusterformer_heads import find_head
 from transformers import AutoModelForQuestionAnswering, Pipeline
 from transformers.pipelines import PIPELINE_REGISTRY
 
-from .modeling_clusterformer import check_trained, mark_untrained
+from .modeling_clusterformer import check_finite_outputs, check_trained, mark_untrained
 from .pipeline import TASK, ClusterFormerQuestionAnsweringPipeline, use_model_limit
 
 
@@ -80,6 +81,34 @@ def unreadable_weights(path: str | os.PathLike, error: Exception) -> str:
     return f"could not read the weights of {path}: {error}"
 
 
+def non_finite_tensors(path: str | os.PathLike) -> list[str]:
+    """The tensors of a checkpoint directory's safetensors files that hold a NaN or inf (empty when all are finite),
+    read without building the model (what a card or a push of the folder checks)."""
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    broken = []
+    for file in sorted(Path(path).glob("*.safetensors")) if os.path.isdir(path) else []:
+        with safe_open(str(file), framework="pt") as weights:
+            for key in weights.keys():
+                tensor = weights.get_tensor(key)
+                if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                    broken.append(key)
+    return broken
+
+
+def check_finite_file(path: str | os.PathLike, what: str) -> None:
+    """Raise `ValueError` in one line when the weights of checkpoint directory ``path`` hold NaN or inf
+    (`non_finite_tensors`); ``what`` names the refused act (``"a card"``)."""
+    broken = non_finite_tensors(path)
+    if broken:
+        more = ", ..." if len(broken) > 3 else ""
+        raise ValueError(f"{path} holds weights that are NaN or inf ({len(broken)} tensors: {', '.join(broken[:3])}"
+                         f"{more}), so {what} would share a broken model; use an earlier checkpoint, or train again "
+                         "(with a lower learning rate if it diverged).")
+
+
 def register_pipeline() -> None:
     """Register the pipeline as transformers' ``question-answering`` task for the rest of the process (idempotent),
     taking the name off ``transformers.pipelines.REMOVED_TASKS``. Importing the package does not call this."""
@@ -95,12 +124,19 @@ def register_pipeline() -> None:
 
 class _WholeText:
     """Mixin for transformers' pipelines of the other heads: the model's limit (`use_model_limit`), its weights
-    checked (`check_trained`), a longer text refused with the numbers instead of cut."""
+    checked (`check_trained`) and its outputs too (`check_finite_outputs`), a longer text refused with the numbers
+    instead of cut."""
 
     def __init__(self, *args, allow_untrained: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         check_trained(self.model, allow_untrained, head=self.task or "new")
         use_model_limit(self.tokenizer, self.model.config)
+
+    def _forward(self, model_inputs, *args, **kwargs):
+        outputs = super()._forward(model_inputs, *args, **kwargs)
+        values = outputs.values() if hasattr(outputs, "values") else ()
+        check_finite_outputs(self.model, *[v for v in values if isinstance(v, torch.Tensor) and v.is_floating_point()])
+        return outputs
 
     def preprocess(self, inputs, *args, **kwargs):
         if isinstance(inputs, str) and self.tokenizer is not None:

@@ -550,6 +550,9 @@ def _read_checkpoint(args: argparse.Namespace, spec: dict[str, Any]) -> None:
     if not Path(checkpoint, "config.json").is_file():
         raise ValueError(f"checkpoint {checkpoint} has no config.json; give a checkpoint directory.")
     args.config = args.config or checkpoint
+    from .loading import check_finite_file
+
+    check_finite_file(checkpoint, "a card")
     default_results = Path(checkpoint, "all_results.json")
     question_answering = architectures_task(_config(args.config).architectures) in (None, DEFAULT_TASK)
     if args.results is None and default_results.is_file() and question_answering:  # another head's run: no EM/F1

@@ -1107,6 +1107,16 @@ def check_finite(model: nn.Module) -> None:
                          "meaningless; load an earlier checkpoint, or train again (with a lower learning rate).")
 
 
+def check_finite_outputs(model: nn.Module, *outputs: torch.Tensor | None) -> None:
+    """Raise `ValueError` in one line when one of ``outputs`` (of ``model``) holds a NaN or inf: for its weights
+    (`check_finite`, weights that turned NaN after it was loaded) or, with finite weights, for the outputs."""
+    if all(t is None or bool(torch.isfinite(t.detach()).all()) for t in outputs):
+        return
+    check_finite(model)
+    raise ValueError(f"this {type(model).__name__} gave NaN or inf outputs although its weights are finite (an "
+                     "overflow, e.g. in float16), so no answer can be read from them; run it in float32.")
+
+
 #: Parts of parameter names whose fresh values belong to the model's design, never recorded as untrained: the router
 #: buffers (centroids are fitted, not trained) and a window_cluster layer's routed projection (its zero is the start).
 DESIGNED_STARTS = (".router.", ".routed_output.")
@@ -1226,8 +1236,8 @@ class ClusterFormerPreTrainedModel(RobertaPreTrainedModel):
         """`PreTrainedModel.save_pretrained` (the Trainer's checkpoints included) through the package's one writer of
         a model folder, `hf_clusterformer_files.write_model_folder`, into the folder as it is: weights and config with
         every ``auto_map`` entry, the code files (``pipeline.py`` and its ``custom_pipelines`` entry for a QA model;
-        code files of the user's there are refused unless ``overwrite=True``), usual modes. A Hub copy of this file used without the package writes the folder on its own
-        (`_save_on_its_own`)."""
+        code files of the user's there are refused unless ``overwrite=True``), usual modes. A Hub copy of this file
+        used without the package writes the folder on its own (`_save_on_its_own`)."""
         try:
             from hf_clusterformer_files import write_model_folder
         except ImportError:  # a Hub copy, used without the package

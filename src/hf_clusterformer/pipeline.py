@@ -7,9 +7,11 @@ start/end token pair back to characters of the context (`rank_spans`). Outputs f
 [...], "long_answers": [...]}``, long answers being whole paragraphs (NQ style, `rank_paragraphs`).
 
 A model whose head was never trained, or whose weights are NaN or inf, is refused (`check_trained`, with the record
-of untrained weights in the modeling file). Registration under transformers' ``question-answering`` task and
-``hf_clusterformer.pipeline(...)`` live in `hf_clusterformer.loading`; a question-answering Hub checkpoint holds
-this file and maps the task to it in ``custom_pipelines`` (``trust_remote_code=True``), which needs neither.
+of untrained weights in the modeling file), and so is every answer read from NaN or inf logits
+(`check_finite_outputs`: weights that turned NaN after the pipeline was built). Registration under transformers'
+``question-answering`` task and ``hf_clusterformer.pipeline(...)`` live in `hf_clusterformer.loading`; a
+question-answering Hub checkpoint holds this file and maps the task to it in ``custom_pipelines``
+(``trust_remote_code=True``), which needs neither.
 `use_model_limit` raises a tokenizer's limit to the model's (``config.max_input_length``), for this pipeline and
 those of the other heads.
 
@@ -30,9 +32,9 @@ from transformers import AutoModelForQuestionAnswering, Pipeline
 from transformers.utils import logging
 
 try:  # package import
-    from .modeling_clusterformer import check_trained
+    from .modeling_clusterformer import check_finite_outputs, check_trained
 except ImportError:  # Hub copy loaded with trust_remote_code
-    from modeling_clusterformer import check_trained
+    from modeling_clusterformer import check_finite_outputs, check_trained
 
 logger = logging.get_logger(__name__)
 
@@ -210,6 +212,7 @@ class ClusterFormerQuestionAnsweringPipeline(Pipeline):
         outputs = self.model(**inputs)
         result = {"start_logits": outputs["start_logits"], "end_logits": outputs["end_logits"]}
         answerable = outputs.get("answerable_logits") if hasattr(outputs, "get") else None
+        check_finite_outputs(self.model, result["start_logits"], result["end_logits"], answerable)  # no NaN answers
         if answerable is not None:
             result["answerable_logits"] = answerable
         result.update({k: v for k, v in model_inputs.items() if k not in _MODEL_INPUTS})

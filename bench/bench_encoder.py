@@ -3,10 +3,16 @@
 Peers on the same question + long context (random weights, base dims unless told otherwise):
   clusterformer  this model, sliding-window layers + 2 cluster layers
   floor          the same windows through plain RobertaModel as one batch (no merging, no clustering)
+  sliding        this model with sliding-window layers only (no global layer)
+  window_cluster this model with window_cluster layers where clusterformer has its cluster layers (a sliding layer
+                 plus a cluster layer's attention, added through the routed projection)
   longformer     LongformerModel, attention window 512, global attention on the question
   bigbird        BigBirdModel, block_sparse attention
   modernbert     ModernBertModel, 128-token local attention with a global layer every third layer
-``--compile`` adds ``clusterformer+compile`` and ``floor+compile`` (torch.compile, ``--compile_mode``).
+``--compile`` adds ``clusterformer+compile`` and ``floor+compile`` (torch.compile, ``--compile_mode``). With
+``sliding`` and ``window_cluster`` among the peers, every length and mode ends with the layer kinds' time ratios:
+window_cluster / cluster, window_cluster / sliding and cluster / sliding (``--route_by`` sets what the routers of
+clusterformer and window_cluster compare with their centroids).
 
 Timing: every model is warmed up (``--warmup`` calls, compilation included), then the models run in turn, one call
 each, ``--repeats`` rounds (20 by default; fewer on CPU), the order rotating every round so that drift of a shared
@@ -22,10 +28,12 @@ included; padding slots not), embeddings and heads left out:
     segment of n real slots, each attending to k keys:  n * (8 d^2 + 4 d I) + 4 n k d    (I = intermediate size;
     ModernBERT's gated MLP: 8 d^2 + 6 d I); a training step counts 3x the forward.
 Cluster-Former and the floor: sliding layers run windows of n = p + (context slice) slots with k = n; a cluster layer
-runs ceil(R / m) chunks holding R = K p + c routed slots, k = the chunk's real slots. Longformer: k = 513 + g local and
-global keys per token, the g global tokens k = T; BigBird: k = 8 blocks of 64, the first and last block k = T;
-ModernBERT: k = 129 in local layers and T in global ones. At base size (d 768, I 3072) that is ~15 MFLOP per slot
-per layer, ~180 MFLOP per slot for 12 layers.
+runs ceil(R / m) chunks holding R = K p + c routed slots, k = the chunk's real slots; a window_cluster layer runs
+the sliding layer's windows plus, per chunk of n routed slots, its Q/K/V (6 n d^2) and attention (4 n^2 d), and the
+routed projection on every window slot (2 d^2 each); ``route_by`` keys adds 2 d^2 per routed slot. Longformer:
+k = 513 + g local and global keys per token, the g global tokens k = T; BigBird: k = 8 blocks of 64, the first and
+last block k = T; ModernBERT: k = 129 in local layers and T in global ones. At base size (d 768, I 3072) that is
+~15 MFLOP per slot per layer, ~180 MFLOP per slot for 12 layers.
 
 ``--profile`` then runs torch.profiler (CPU and, on CUDA, GPU activities) over ``--profile_steps`` forwards of
 Cluster-Former and of the floor at every length and prints where the time goes, Cluster-Former beside the floor:
@@ -123,16 +131,19 @@ def clusterformer_flops(config: ClusterFormerConfig, prefix: int, context: int, 
     d, inter = config.hidden_size, config.intermediate_size
     windows = window_lengths(prefix, context, config.window_size, config.window_stride)
     sliding = sum(segment_flops(n, n, d, inter) for n in windows)
+    m = config.window_stride
+    routed = context + (0 if config.chunk_question_prefix else prefix * len(windows))
+    chunks = [min(m, routed - j * m) for j in range(math.ceil(routed / m))]
+    keys = 2 * d**2 * routed if config.route_by == "keys" else 0  # the routers' key projections
     total = 0.0
     for layer_type in config.layer_kinds:
         if floor or layer_type == "sliding":
             total += sliding
         elif layer_type in ("cluster", "lsh"):
-            m = config.window_stride
-            routed = context + (0 if config.chunk_question_prefix else prefix * len(windows))
-            chunks = [min(m, routed - j * m) for j in range(math.ceil(routed / m))]
             extra = prefix if config.chunk_question_prefix else 0
-            total += sum(segment_flops(n + extra, n + extra, d, inter) for n in chunks)
+            total += keys + sum(segment_flops(n + extra, n + extra, d, inter) for n in chunks)
+        elif layer_type == "window_cluster":  # the window's layer, the chunks' attention and the routed projection
+            total += sliding + keys + sum(6 * n * d**2 + 4 * n * n * d for n in chunks) + 2 * d**2 * sum(windows)
         else:  # sparse: every in-window slot attends across the windows
             total += segment_flops(sum(windows), len(windows), d, inter)
     return total
@@ -395,6 +406,19 @@ def print_breakdown(length: int, results: dict[str, dict], device: torch.device)
 # ----------------------------------------------------------------------------------------------------------------
 
 
+#: The layer kinds' peers (`main`'s configs) and their names in the ratios: cluster layers, window_cluster layers at
+#: the same indices, sliding-window layers only.
+KIND_PEERS = {"clusterformer": "cluster", "window_cluster": "window_cluster", "sliding": "sliding"}
+
+
+def layer_kind_ratios(stats: dict[str, dict]) -> dict[str, float]:
+    """Median time ratios of the layer kinds' peers (`KIND_PEERS`), for the pairs of them that both ran:
+    ``window_cluster/cluster``, ``window_cluster/sliding`` and ``cluster/sliding``."""
+    pairs = [("window_cluster", "clusterformer"), ("window_cluster", "sliding"), ("clusterformer", "sliding")]
+    return {f"{KIND_PEERS[a]}/{KIND_PEERS[b]}": stats[a]["seconds"] / stats[b]["seconds"]
+            for a, b in pairs if a in stats and b in stats}
+
+
 def build_inputs(length: int, question: int, config: ClusterFormerConfig, device: torch.device):
     """A pair encoding of ``length`` tokens (B = 1) and the floor's windows of it: (1, T) and (K, S) ids."""
     generator = torch.Generator().manual_seed(length)
@@ -418,7 +442,12 @@ def main() -> None:
     parser.add_argument("--question", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=20, help="timed rounds (at least 20 on a GPU; fewer on CPU)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls of every model first")
-    parser.add_argument("--peers", nargs="+", default=["clusterformer", "floor", "longformer", "bigbird", "modernbert"])
+    parser.add_argument("--peers", nargs="+",
+                        default=["clusterformer", "floor", "longformer", "bigbird", "modernbert"],
+                        choices=["clusterformer", "floor", "sliding", "window_cluster", "longformer", "bigbird",
+                                 "modernbert"])
+    parser.add_argument("--route_by", choices=["states", "keys"], default="states",
+                        help="what the routers of clusterformer and window_cluster compare with their centroids")
     parser.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: bf16 on CUDA, fp32 on CPU)")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads on CPU (default: torch's)")
@@ -441,12 +470,19 @@ def main() -> None:
     torch.manual_seed(0)
     common = dict(hidden_size=args.hidden, num_hidden_layers=args.layers, num_attention_heads=args.heads,
                   intermediate_size=4 * args.hidden, vocab_size=50265)
-    config = ClusterFormerConfig(**common, max_position_embeddings=514)  # 2 cluster layers by default
+    config = ClusterFormerConfig(**common, max_position_embeddings=514, route_by=args.route_by)  # 2 cluster layers
+    configs = {  # the peers of this model, by layer kinds: cluster layers, sliding only, window_cluster layers
+        "clusterformer": config,
+        "sliding": ClusterFormerConfig(**common, max_position_embeddings=514, cluster_layers=[]),
+        "window_cluster": ClusterFormerConfig(**common, max_position_embeddings=514, route_by=args.route_by,
+                                              cluster_layers=config.global_layers, global_layer_type="window_cluster"),
+    }
     models = {}
-    if "clusterformer" in args.peers:
-        models["clusterformer"] = ClusterFormerModel(config)
-        for router in models["clusterformer"].cluster_routers().values():
-            router.fitted.fill_(True)  # random centroids, marked fitted: no warning, the same work
+    for name, kind_config in configs.items():
+        if name in args.peers:
+            models[name] = ClusterFormerModel(kind_config)
+            for router in models[name].cluster_routers().values():
+                router.fitted.fill_(True)  # random centroids, marked fitted: no warning, the same work
     if "floor" in args.peers:
         models["floor"] = RobertaModel(RobertaConfig(**common, max_position_embeddings=514))
     if "longformer" in args.peers:
@@ -473,12 +509,14 @@ def main() -> None:
 
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"device={device_name} dtype={dtype} hidden={args.hidden} layers={args.layers} cluster_layers={config.global_layers} "
-          f"threads={torch.get_num_threads()} torch={torch.__version__} repeats={args.repeats} warmup={args.warmup}"
+          f"route_by={args.route_by} threads={torch.get_num_threads()} torch={torch.__version__} "
+          f"repeats={args.repeats} warmup={args.warmup}"
           + (f" peak={peak} TFLOP/s" if peak else ""))
     header = (f"{'tokens':>7} {'model':>21} {'mode':>7} {'median s':>9} {'q1-q3 s':>17} {'min-max s':>17} "
               f"{'tokens/s':>10} {'MFU':>6} {'peak MiB':>9} {'time/floor':>10} {'mem/floor':>9}")
     print(header)
     rows: list[dict] = []
+    ratios: list[dict] = []
     profiles: dict[int, dict] = {}
     skipped: dict[tuple[str, str], str] = {}
     modes = (["forward"] if not args.no_forward else []) + (["train"] if args.train else [])
@@ -490,13 +528,15 @@ def main() -> None:
         global_mask[:, :prefix] = 1
         calls = {
             "clusterformer": lambda m: m(ids),
+            "sliding": lambda m: m(ids),
+            "window_cluster": lambda m: m(ids),
             "floor": lambda m: m(floor_ids, attention_mask=floor_mask),
             "longformer": lambda m: m(ids, global_attention_mask=global_mask),
             "bigbird": lambda m: m(ids),
             "modernbert": lambda m: m(ids),
         }
-        flops = {"clusterformer": clusterformer_flops(config, prefix, context),
-                 "floor": clusterformer_flops(config, prefix, context, floor=True)}
+        flops = {name: clusterformer_flops(kind_config, prefix, context) for name, kind_config in configs.items()}
+        flops["floor"] = clusterformer_flops(config, prefix, context, floor=True)
         for peer in ("longformer", "bigbird", "modernbert"):
             flops[peer] = peer_flops(peer, length, prefix, args.hidden, 4 * args.hidden, args.layers)
         for mode in modes:
@@ -546,6 +586,11 @@ def main() -> None:
             if "clusterformer+compile" in stats and "clusterformer" in stats:
                 gain = stats["clusterformer"]["seconds"] / stats["clusterformer+compile"]["seconds"]
                 print(f"{length:>7} {mode}: compiled clusterformer is {gain:.2f}x eager")
+            kind_ratios = layer_kind_ratios(stats)
+            if kind_ratios:
+                print(f"{length:>7} {mode}: time ratios of layer kinds: "
+                      + ", ".join(f"{pair} {value:.3f}" for pair, value in kind_ratios.items()), flush=True)
+                ratios.append({"tokens": length, "mode": mode, **kind_ratios})
         if args.profile and "clusterformer" in models and "floor" in models:
             with torch.inference_mode():
                 results = {}
@@ -558,9 +603,9 @@ def main() -> None:
             meta = {"device": device_name, "dtype": str(dtype), "hidden": args.hidden, "layers": args.layers,
                     "cluster_layers": config.global_layers, "torch": torch.__version__, "repeats": args.repeats,
                     "warmup": args.warmup, "threads": torch.get_num_threads(), "peak_tflops": peak,
-                    "compile_mode": args.compile_mode if args.compile else None}
+                    "compile_mode": args.compile_mode if args.compile else None, "route_by": args.route_by}
             with open(args.json, "w") as handle:
-                json.dump({"meta": meta, "rows": rows, "profile": profiles}, handle, indent=1)
+                json.dump({"meta": meta, "rows": rows, "kind_ratios": ratios, "profile": profiles}, handle, indent=1)
 
 
 if __name__ == "__main__":

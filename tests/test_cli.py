@@ -286,6 +286,39 @@ def test_convert_roberta_checkpoint(roberta_qa, workdir, capsys):
     assert torch.allclose(ours.start_logits, theirs.start_logits, atol=1e-5)
 
 
+def test_convert_to_window_cluster_layers_reads_as_the_sliding_model(roberta_qa, workdir, context, capsys):
+    """``convert --global-layer-type window_cluster --route-by keys``: nothing is reported as newly initialised (the
+    routed projection starts at zero by design), ``predict`` (the QA pipeline) takes the result without refusing it
+    as untrained and answers as the same checkpoint converted without global layers, and ``inspect`` lists its
+    clusters."""
+    options = ["--num-clusters", "4", "--window-size", "32", "--window-stride", "24", "--max-question-length", "16"]
+    target, sliding = workdir / "window-cluster", workdir / "window-sliding"
+    assert main(["convert", str(roberta_qa), str(target), "--cluster-layers", "1", "--global-layer-type",
+                 "window_cluster", "--route-by", "keys", *options]) == 0
+    assert capsys.readouterr().out.strip() == (f"wrote {target}, a question-answering model, from a roberta "
+                                               "checkpoint (layers ['sliding', 'window_cluster'], 4 clusters, "
+                                               "windows 32/24)")
+    config = ClusterFormerConfig.from_pretrained(target)
+    assert (config.layer_kinds, config.route_by) == (["sliding", "window_cluster"], "keys")
+    assert not getattr(config, "untrained_weights", None)  # nothing recorded as untrained
+    assert main(["convert", str(roberta_qa), str(sliding), "--cluster-layers", *options]) == 0
+    assert "(layers ['sliding', 'sliding']" in capsys.readouterr().out
+    short = workdir / "window-context.txt"
+    short.write_text(context[1][:6000], encoding="utf-8")
+    answers = []
+    for folder in (target, sliding):
+        assert main(["predict", str(folder), "--question", QUESTION, "--context-file", str(short), "--json",
+                     "--top-k", "3"]) == 0
+        answers.append(json.loads(capsys.readouterr().out)["answers"])
+    assert [a["answer"] for a in answers[0]] == [a["answer"] for a in answers[1]] and len(answers[0]) == 3
+    assert [a["score"] for a in answers[0]] == pytest.approx([a["score"] for a in answers[1]], abs=1e-5)
+    assert main(["inspect", str(target), "--question", QUESTION, "--context-file", str(short),
+                 "--max-clusters", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Cluster layer 1: ") and "chunks of 24 states" in out
+    assert len(re.findall(r"^  cluster +\d+ size +\d+ span +\d+ tokens: ", out, flags=re.M)) == 2
+
+
 def test_convert_rejects_other_architectures(workdir, capsys):
     from transformers import GPT2Config
 

@@ -1,8 +1,9 @@
-"""Export: one `torch.export` program and one ONNX file, traced at one length and run through `load_exported`, equal
-to eager at other lengths and batch sizes (padding included); int8 files close to eager; every head whose weights
-were never trained (added by conversion or drawn at load, through the Auto classes too) is refused without
---allow-untrained; bad input to `export_model` and to the runner is one line. The other heads' exports are in
-tests/test_export_heads.py (a file of its own, so that the two run in parallel under `make test`)."""
+"""Export: one `torch.export` program and one ONNX file of a model with every layer kind (a window_cluster layer's
+routed path open), traced at one length and run through `load_exported`, equal to eager at other lengths and batch
+sizes (padding included); int8 files close to eager; every head whose weights were never trained (added by conversion
+or drawn at load, through the Auto classes too) is refused without --allow-untrained; bad input to `export_model` and
+to the runner is one line. The other heads' exports are in tests/test_export_heads.py (a file of its own, so that the
+two run in parallel under `make test`)."""
 
 import pytest
 import torch
@@ -26,12 +27,14 @@ from hf_clusterformer.export import (
     program_metadata,
     write_program,
 )
+from hf_clusterformer.modeling_clusterformer import WindowClusterLayer
 
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
 # Window l = 16, stride m = 12 (tiny_config); every layer type, and the traced length is none of those below.
-CONFIG = dict(num_hidden_layers=4, cluster_layers=[1, 2, 3], global_layer_type=["cluster", "lsh", "sparse"])
+CONFIG = dict(num_hidden_layers=5, cluster_layers=[1, 2, 3, 4],
+              global_layer_type=["cluster", "lsh", "sparse", "window_cluster"])
 TRACED_LENGTH = 41
 #: Two layers (a sliding and a cluster one) where a test checks a head, not the layer types: a smaller program.
 SMALL = dict(num_hidden_layers=2, cluster_layers=[1])
@@ -47,11 +50,16 @@ BATCHES = {
 
 
 def fitted_model(cls, seed: int, **config):
-    """A tiny ``cls`` in eval mode, drawn with ``seed``, its centroids marked fitted (random ones do for export)."""
+    """A tiny ``cls`` in eval mode, drawn with ``seed``, its centroids marked fitted (random ones do for export) and
+    its window_cluster layers' routed projections drawn (at their zero start the routed path would add nothing)."""
     torch.manual_seed(seed)
     model = cls(tiny_config(**config)).eval()
     for router in model.cluster_routers().values():
         router.fitted.fill_(True)
+    with torch.no_grad():
+        for layer in model.base_model.encoder.layer:
+            if isinstance(layer, WindowClusterLayer):
+                layer.routed_output.weight.normal_(std=0.5)
     return model
 
 
@@ -214,11 +222,12 @@ def test_onnx_files_are_optimised_once_and_attention_reads_one_additive_mask_per
     _, runners = exported
     graph = onnx.load(str(runners["onnx"].path)).graph
     attention = [node for node in graph.node if node.op_type == "Attention"]
-    assert len(attention) == 4  # CONFIG: 4 layers (a sliding, a cluster, an LSH and a sparse one)
+    assert len(attention) == 6  # CONFIG: a sliding, a cluster, an LSH, a sparse and a window_cluster layer (two)
     masks = {node.input[3] for node in attention}
     made = {node.output[0] for node in graph.node if node.op_type == "Where" and node.name.endswith("_additive_where")}
     assert masks <= made and len(made) == len(masks)
     weights = {initializer.name for initializer in graph.initializer}
     products = [node for node in graph.node if node.op_type == "MatMul"]
-    assert sum(node.input[1] in weights for node in products) >= 4 * 6  # every layer's 6 linear maps: stored weights
+    # every layer's 6 linear maps, a window_cluster layer's Q/K/V on its chunks and its routed projection: stored
+    assert sum(node.input[1] in weights for node in products) >= 5 * 6 + 4
     assert runners["onnx"].quantize is None and runners["int8"].quantize == "int8"

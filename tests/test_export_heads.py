@@ -1,5 +1,5 @@
-"""Export of the heads beside question answering (tests/test_export.py): multiple choice at other choice counts and
-lengths, a classification head with left padding, and every other head (fill-mask in every format) equal to eager.
+"""Export of the heads beside question answering (tests/test_export.py): multiple choice (every layer kind, routed by
+key projections) at other choice counts and lengths, a classification head with left padding, and every other head (fill-mask in every format) equal to eager.
 A file of its own, so that the two export files run in parallel under `make test`."""
 
 import pytest
@@ -28,7 +28,8 @@ CHOICES = {"one example of three": (1, 3), "two of four": (2, 4), "three of one"
 
 @pytest.fixture(scope="module")
 def exported_choices(tmp_path_factory):
-    model = fitted_model(ClusterFormerForMultipleChoice, 2, **CONFIG)
+    """Every layer type (`CONFIG`) with routers that compare key projections (QA's export routes by states)."""
+    model = fitted_model(ClusterFormerForMultipleChoice, 2, **CONFIG, route_by="keys")
     program = export_program(model, TRACED_LENGTH)
     folder = tmp_path_factory.mktemp("choices")
     return model, *(load_exported(write_program(program, folder / name, kind, program_metadata(model)))

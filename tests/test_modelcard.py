@@ -108,6 +108,31 @@ def test_body_explains_the_cluster_configuration_and_loading():
     assert "none (no K-Means cluster layer)" in make_model_card(tiny_config(cluster_layers=[])).text
 
 
+def test_window_cluster_layers_are_described_and_their_centroids_counted():
+    """A window_cluster layer is named as such, said to start as the sliding-window model, and its centroids (a
+    `ClusterRouter`'s, as a cluster layer's) make the "Centroids" row; routing by keys is said where it applies."""
+    from hf_clusterformer.modelcard import CENTROID_KINDS
+    from hf_clusterformer.modeling_clusterformer import ROUTER_CLASSES, ClusterRouter
+
+    assert set(CENTROID_KINDS) == {kind for kind, router in ROUTER_CLASSES.items() if router is ClusterRouter}
+    config = tiny_config(num_hidden_layers=4, cluster_layers=[1, 3], global_layer_type=["window_cluster", "lsh"])
+    text = make_model_card(config, centroids_fitted={1: True}).text
+    assert "| Global layers (0-based) | 1 (window_cluster), 3 (lsh) |" in text
+    assert "| Centroids | fitted by K-Means on the model's own hidden states |" in text
+    assert "A window-cluster layer attends within each window" in text
+    assert "a projection that starts at zero, so until training moves it the model reads exactly as its " \
+           "sliding-window model" in text
+    assert "key projection" not in text
+    assert "not fitted (seeded random unit vectors)" in make_model_card(config, centroids_fitted={1: False}).text
+    alone = tiny_config(num_hidden_layers=2, cluster_layers=[1], global_layer_type="window_cluster", route_by="keys")
+    keyed = make_model_card(alone, centroids_fitted={1: True}).text
+    assert "| Centroids | fitted by K-Means on the model's own key projections |" in keyed
+    assert "The routers compare each token's key projection, not its hidden state, with their centroids." in keyed
+    plain = make_model_card(tiny_config(route_by="keys", cluster_layers=[])).text  # nothing routed: nothing to say
+    assert "window-cluster" not in plain and "key projection" not in plain
+    assert "none (no K-Means cluster layer)" in plain
+
+
 def test_load_results_forms_and_errors(tmp_path):
     dataset = {"name": "SQuAD", "type": "rajpurkar/squad", "split": "validation"}
     flat = load_results({"exact": 50, "f1": 62.346}, dataset)

@@ -17,7 +17,9 @@ code reads back once per forward. An exported program takes it instead from the 
 batch); the routed chunk count follows from them (`BatchSizes.for_program`), and routed states sort by the unique
 key id * L + position (ONNX has no stable sort). So the program runs the batch's own windows, as eager code does, and
 its outputs equal eager ones at every length. The file holds the model's configuration, so the runner needs nothing
-else; the centroids are buffers, so they are part of the exported weights.
+else; the centroids are buffers, so they are part of the exported weights. Every layer kind exports, whatever its
+routers compare (``route_by``): a window_cluster layer is its window's attention and its chunks' attention, both in
+the program, and its routed projection is an ordinary weight.
 """
 
 from __future__ import annotations
@@ -225,7 +227,8 @@ def program_metadata(model: ClusterFormerPreTrainedModel) -> dict[str, Any]:
 
 
 def warn_unfitted(fitted: dict, where: str) -> None:
-    """Warn, as ``predict`` does, when cluster layers of ``where`` have centroids never fitted by K-Means."""
+    """Warn, as ``predict`` does, when layers of ``where`` with K-Means centroids (cluster, window_cluster) have
+    centroids never fitted."""
     unfitted = sorted(int(index) for index, done in fitted.items() if not done)
     if unfitted:
         logger.warning(f"{where}: cluster layers {unfitted} run with centroids that were never fitted by K-Means, so "

@@ -172,20 +172,21 @@ def inspect_clusters(
     context: str,
     layer: int | None = None,
 ) -> ClusterReport:
-    """Run one question + context and report the clusters of a cluster/LSH layer.
+    """Run one question + context and report the clusters of a routed layer (cluster, LSH or window_cluster: its
+    router's ids, with the chunks of m its sorted states fall into).
 
     Args:
         model: a Cluster-Former model (base or QA).
         tokenizer: its tokenizer.
         question, context: the input.
-        layer: encoder layer index of a cluster/LSH layer (default: the first one).
+        layer: encoder layer index of a routed layer (default: the first one).
     """
     config = model.config
     routed_layers = [i for i, kind in enumerate(config.layer_kinds) if kind in ROUTED_LAYER_TYPES]
     if not routed_layers:
         raise ValueError(
-            f"This model has no cluster or LSH layers to inspect (layer_kinds {config.layer_kinds}); give a model "
-            "with a cluster layer."
+            f"This model has no cluster or LSH layers to inspect, nor window_cluster ones (layer_kinds "
+            f"{config.layer_kinds}); give a model with a cluster layer."
         )
     if layer is None:
         layer = routed_layers[0]

@@ -29,7 +29,7 @@ from hf_clusterformer_files import GENERATED_MARK, card_state, owned_by_model, s
 from hf_clusterformer_heads import architectures_task, find_head, head_tasks
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from .configuration_clusterformer import ClusterFormerConfig
+from .configuration_clusterformer import ROUTED_LAYER_TYPES, ClusterFormerConfig, ConfigValueError
 
 __all__ = [
     "card_from_spec",
@@ -53,6 +53,9 @@ _DEFAULT_TAGS = ("clusterformer", "long-context", "extractive-qa", "question-ans
 #: The pipeline task of a card whose config names no head.
 DEFAULT_TASK = "question-answering"
 _CONFIG_FILE_FIELDS = ("transformers_version", "auto_map", "custom_pipelines", "architectures", "_name_or_path")
+#: The layer kinds whose router holds K-Means centroids, fitted during training (`modeling_clusterformer`'s
+#: `ClusterRouter` kinds): ``cluster`` and ``window_cluster``; their fitted state is the card's "Centroids" row.
+CENTROID_KINDS = ("cluster", "window_cluster")
 #: The card body, a Jinja template rendered by `huggingface_hub.ModelCard.from_template`.
 TEMPLATE = Path(__file__).resolve().parent / "modelcard_template.md"
 #: Data sets this package builds (no Hub page): their result name and training-data description.
@@ -215,7 +218,10 @@ def _config(config: ClusterFormerConfig | Mapping | str | os.PathLike) -> Cluste
         )
     values = {k: v for k, v in dict(config).items()
               if (k not in _CONFIG_FILE_FIELDS or k == "architectures") and k != "model_type"}
-    return ClusterFormerConfig(**values)  # architectures kept: they name the head (the card's task)
+    try:
+        return ClusterFormerConfig.from_dict(values)  # architectures kept: they name the head (the card's task)
+    except ConfigValueError as error:
+        raise (error if where == "the config" else error.at(where)) from None
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -276,13 +282,20 @@ def make_model_card(
     repo, long_text = model_id or "path/to/checkpoint", _snippet_text(examples if question_answering else default_widget())
     return ModelCard.from_template(
         data, template_path=str(TEMPLATE), name=name, description=(description or "").strip(), config=config,
-        kinds=config.layer_kinds, settings=_settings_rows(config, centroids_fitted, task),
+        settings=_settings_rows(config, centroids_fitted, task), **_kind_text(config),
         centroid_fitting=(centroid_fitting or "").strip(), results=_result_rows(results), hub_datasets=hub_datasets,
         training_data=(training_data or "").strip(), repo=repo, revision=revision or "main",
         pinned=bool(revision), question=json.dumps(examples[0].get("text", "Who wrote it?") if examples else "Who wrote it?"),
         long_text=long_text, citation=CITATION, marker=GENERATED_MARK,
         **_task_text(task, repo, long_text, mask_token, revision or "main"),
     )
+
+
+def _kind_text(config: ClusterFormerConfig) -> dict[str, Any]:
+    """What the template's paragraph on the layers reads: the layer kinds, and whether routers compare key
+    projections (``route_by`` keys with a routed layer)."""
+    kinds = config.layer_kinds
+    return {"kinds": kinds, "routed_by_keys": config.route_by == "keys" and any(k in ROUTED_LAYER_TYPES for k in kinds)}
 
 
 def _task_tags(task: str) -> tuple[str, ...]:
@@ -376,7 +389,7 @@ def _settings_rows(
         (text, f"{config.max_context_length:,} tokens"),
         *([("Answerability head", "yes" if config.use_answerability_head else "no")] if task == DEFAULT_TASK else []),
         *([(head, f"newly initialised, never trained: fine-tune before use{refused}")] if untrained else []),
-        ("Centroids", _centroid_state(kinds, centroids_fitted)),
+        ("Centroids", _centroid_state(kinds, centroids_fitted, config.route_by)),
     ]
 
 
@@ -396,8 +409,10 @@ def _split_datasets(datasets: Sequence[str], training_data: str | None) -> tuple
     return [d for d in datasets if d not in GENERATED_DATASETS], text or None
 
 
-def _centroid_state(kinds: list[str], fitted: Mapping[int, bool] | None) -> str:
-    cluster_layers = [i for i, kind in enumerate(kinds) if kind == "cluster"]
+def _centroid_state(kinds: list[str], fitted: Mapping[int, bool] | None, route_by: str = "states") -> str:
+    """The "Centroids" row: whether the layers of `CENTROID_KINDS` (``fitted``: layer index -> fitted) were fitted, on
+    what their routers compare (``route_by``: the hidden states or their key projections)."""
+    cluster_layers = [i for i, kind in enumerate(kinds) if kind in CENTROID_KINDS]
     if not cluster_layers:
         return "none (no K-Means cluster layer)"
     if fitted is None:
@@ -405,7 +420,7 @@ def _centroid_state(kinds: list[str], fitted: Mapping[int, bool] | None) -> str:
     fitted = {int(k): bool(v) for k, v in fitted.items()}
     done = [i for i in cluster_layers if fitted.get(i)]
     if len(done) == len(cluster_layers):
-        return "fitted by K-Means on the model's own hidden states"
+        return f"fitted by K-Means on the model's own {'key projections' if route_by == 'keys' else 'hidden states'}"
     if not done:
         return "not fitted (seeded random unit vectors): fit them before relying on the cluster layers"
     return f"fitted by K-Means for layers {', '.join(map(str, done))} only"

@@ -148,7 +148,7 @@ def _run(model_args, data_args, centroid_args, training_args):
 
     train, test = (split.map(encode, batched=True, remove_columns=["text"]) for split in (train, test))
     callbacks = [CentroidUpdateCallback(centroid_args.settings(), seed=training_args.seed)] \
-        if "cluster" in model.config.layer_kinds else []
+        if model.cluster_routers() else []
     callbacks.append(FiniteTrainingCallback())  # one line at the first NaN/inf, nothing saved
     trainer = Trainer(model=model, args=training_args, train_dataset=train, processing_class=tokenizer,
                       data_collator=DataCollatorWithPadding(tokenizer), callbacks=callbacks)

@@ -336,7 +336,7 @@ def _run(model_args, data_args, centroid_args, training_args):
         metrics.update({f"eval_{k}_before": v for k, v in evaluate_blocks(model, held_out).items()})
     if training_args.do_train:
         callbacks = [CentroidUpdateCallback(centroid_args.settings(), seed=training_args.seed)] \
-            if "cluster" in model.config.layer_kinds else []
+            if model.cluster_routers() else []
         callbacks.append(FiniteTrainingCallback())  # one line at the first NaN/inf, nothing saved
         trainer = Trainer(model=model, args=training_args, train_dataset=train, processing_class=tokenizer,
                           data_collator=MlmCollator(tokenizer, data_args.mlm_probability), callbacks=callbacks)

@@ -341,3 +341,18 @@ def test_model_flags_are_the_model_options():
     assert model.cluster_options() == {"cluster_layers": [], "num_clusters": 8}
     model, *_ = qa_training.parse_args(["--layer_kinds", "sliding", "lsh", "--output_dir", "out"])
     assert model.cluster_options() == {"layer_kinds": ["sliding", "lsh"]}
+
+
+def test_window_cluster_layers_get_their_centroids_fitted(tmp_path):
+    """The centroid callback is attached for every kind with centroids, not only the paper's cluster layers."""
+    import dataclasses
+
+    records = generate_longrange_dataset(8, 3, (60, 90), "local", min_gap_tokens=10, split="train")
+    train_file = _write_jsonl(tmp_path / "train.jsonl", records)
+    model, data, centroids, training = _tiny_args(tmp_path / "out", train_file=str(train_file))
+    model = dataclasses.replace(model, global_layer_type="window_cluster")
+    training.do_eval = False
+    qa_training.run(model, data, centroids, training)
+    trained = AutoModelForQuestionAnswering.from_pretrained(tmp_path / "out")
+    assert trained.config.layer_kinds == ["sliding", "window_cluster"]
+    assert bool(trained.cluster_routers()[1].fitted), "a window_cluster layer's centroids were never fitted"

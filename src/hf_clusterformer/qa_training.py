@@ -585,7 +585,7 @@ def _run(model_args, data_args, centroid_args, training_args, callbacks, name: s
     train_features = _train_features(raw["train"], tokenizer, data_args, model, metrics) if training_args.do_train else None
 
     all_callbacks = list(callbacks or [])
-    if "cluster" in model.config.layer_kinds:
+    if model.cluster_routers():  # cluster and window_cluster layers: centroids to fit
         all_callbacks.append(CentroidUpdateCallback(centroid_args.settings(), seed=training_args.seed))
     trainer = make_trainer(model, training_args, train_features, tokenizer, all_callbacks)
     if training_args.do_train:

@@ -303,7 +303,7 @@ def run_one(setup: RunSetup, variant: str, seed: int, train_seconds: float | Non
         preset, label = setup.preset, f"{variant}/seed {seed}"
         model, tokenizer = load_variant(setup, variant, seed)
         updater = None
-        if any(t == "cluster" for t in model.config.layer_kinds):
+        if model.cluster_routers():  # cluster and window_cluster layers
             updater = CentroidUpdater(model, preset.centroids, seed=seed)
         curve = LearningCurve(preset, setup, tokenizer)
         checkpoint = setup.checkpoint_root / f"{variant}-seed{seed}" if setup.checkpoint_root else None

@@ -76,7 +76,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 STOP_ENV = "REALTEXT_STOP_AT"
 #: Settings that do not change a seed's numbers (all others must match the folder's ``config.json`` to resume; seeds
 #: may be added to a folder).
-RUN_ONLY = ("output_dir", "record_dir", "report_only", "plan_only", "stop_after", "worker_seed", "worker_models", "seeds",
+RUN_ONLY = ("output_dir", "record_dir", "report_only", "plan_only", "stop_after", "models", "worker_seed", "worker_models", "seeds",
             "parallel", "gradient_checkpointing",
             "threads", "threads_a", "time_limit", "squad_path", "pretrained", "log_every", "eval_log_every",
             "bootstrap_samples", "argv")
@@ -192,12 +192,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--report_only", action="store_true", help="rebuild the record from --output_dir and stop")
     add("--plan_only", action="store_true", help="print the plan and its estimated time and stop")
     add("--stop_after", choices=["A"], help="stop when this stage of every seed is done (the same command resumes)")
+    add("--models", nargs="+", choices=MODELS, default=list(MODELS),
+        help="run only these models' work after stage A (the same command without it does the rest)")
     add("--worker_seed", type=int, help=argparse.SUPPRESS)
     add("--worker_models", nargs="+", choices=MODELS, help=argparse.SUPPRESS)
     parser.set_defaults(**PRESETS[preset])
     args = parser.parse_args(argv)
     args.output_dir = args.output_dir or str(ROOT / "outputs" / "realtext" / preset)
-    args.record_dir = args.record_dir or str(ROOT / "bench" / "measured" / "realtext" / preset)
+    kind = "" if args.cluster_kind == "cluster" else f"-{args.cluster_kind}"  # the first study's record: cpu/
+    args.record_dir = args.record_dir or str(ROOT / "bench" / "measured" / "realtext" / f"{preset}{kind}")
     args.argv = argv
     return args
 
@@ -987,11 +990,12 @@ def run_models(study: Study, seed: int) -> None:
     (only for models with work left)."""
     if not study.args.parallel:
         torch.set_num_threads(study.args.threads)
-        model_work(study, seed, list(MODELS))
+        model_work(study, seed, list(study.args.models))
         return
     env = {**os.environ, "OMP_NUM_THREADS": str(study.args.threads), "TOKENIZERS_PARALLELISM": "false"}
     workers = [subprocess.Popen([sys.executable, str(SCRIPT), *study.args.argv, "--worker_seed", str(seed),
-                                 "--worker_models", name], env=env) for name in MODELS if pending(study, seed, name)]
+                                 "--worker_models", name], env=env)
+               for name in study.args.models if pending(study, seed, name)]
     codes = [w.wait() for w in workers]
     if any(codes):
         killed = " (-9: killed, most likely for memory: a stage B step over 4k-token contexts held 10-13 GB per " \
@@ -1022,6 +1026,8 @@ def run_study(study: Study) -> None:
     if a.plan_only:
         print_plan(study)
         return
+    if set(a.models) != set(MODELS) and a.b_min_steps < a.b_steps:
+        raise SystemExit("--models needs a fixed stage B length (--b_min_steps = --b_steps): sizing B times both models")
     study.out.mkdir(parents=True, exist_ok=True)
     check_config(study)
     convert_init(study)
@@ -1034,15 +1040,17 @@ def run_study(study: Study) -> None:
         stage_a(study, seed)
         if a.stop_after == "A":
             continue
-        fit_start(study, seed)
+        if "clusterformer" in a.models:
+            fit_start(study, seed)
         probes(study, seed)
         size_b(study, seed)
         run_models(study, seed)
         say(f"STUDY seed {seed} done after {(time.time() - started) / 60:.1f} min in this process")
     path = study.out / "budget.json"
     write_json(path, {**read_json(path), "last_run_wall_seconds": round(time.time() - started)})
-    if a.stop_after:
-        say(f"stopped after stage {a.stop_after} (--stop_after); the same command without it goes on")
+    if a.stop_after or set(a.models) != set(MODELS):
+        say(f"stopped: {'stage ' + a.stop_after if a.stop_after else 'the work of ' + ' '.join(a.models)} done "
+            "(--stop_after / --models); the same command without them goes on")
         return
     write_report(study)
 

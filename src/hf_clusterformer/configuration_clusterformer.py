@@ -1,9 +1,13 @@
 """Configuration of Cluster-Former models: a RoBERTa configuration plus the window and cluster options."""
 
 import dataclasses
-from typing import Any, Literal, get_args
+import json
+import os
+import types
+from typing import Any, Literal, Union, get_args, get_origin
 
 from huggingface_hub.dataclasses import strict
+from huggingface_hub.errors import StrictDataclassClassValidationError, StrictDataclassError
 from transformers import RobertaConfig
 from transformers.utils import logging
 
@@ -113,6 +117,66 @@ def check_context_length(value: int | None, name: str = "max_context_length") ->
         raise ValueError(f"{name} must be an integer from 1 to {MAX_CONTEXT_LENGTH}, got {value!r}.")
 
 
+class ConfigValueError(ValueError):
+    """A config value of the wrong type or out of range, in one line naming the file it came from (``config.json``
+    until `at` names the checkpoint) and the fix."""
+
+    def __init__(self, problem: str, where: str = "config.json"):
+        super().__init__(f"{where}: {problem}")
+        self.problem = problem
+
+    def at(self, source: str | os.PathLike) -> "ConfigValueError":
+        """The same error naming the config file of checkpoint ``source`` (a folder, a Hub id or the file itself)."""
+        source = os.fspath(source)
+        return ConfigValueError(self.problem, source if source.endswith(".json") else f"{source}/config.json")
+
+
+def _shown(value: Any) -> str:
+    """A value as the config file writes it."""
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def _takes(annotation: Any) -> str:
+    """What a field of type ``annotation`` takes, in words."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Literal:
+        return "one of " + ", ".join(_shown(arg) for arg in args)
+    if origin in (Union, types.UnionType):
+        return " or ".join(_takes(arg) for arg in args)
+    if origin in (list, tuple):
+        return f"a list, each entry {_takes(args[0])}" if args else "a list"
+    words = {int: "an integer", float: "a number", bool: "true or false", str: "a string", type(None): "null",
+             dict: "an object"}
+    return words.get(annotation, annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "?"))
+
+
+def _strict_error(cls: type, error: StrictDataclassError, values: dict, given: set[str]) -> ValueError:
+    """One line for ``@strict``'s refusal of a field's value: `ConfigValueError` for a value of the file, a plain
+    `ValueError` for one given as an override (a name in ``given``)."""
+    if isinstance(error, StrictDataclassClassValidationError):  # a check of several fields (`_check_options`)
+        problem = " ".join(str(error.__cause__ or error).split())
+        return ValueError(problem) if given else ConfigValueError(problem)
+    field = str(error).split("'")[1] if "'" in str(error) else "?"
+    value = values.get(field)
+    annotation = cls.__dataclass_fields__[field].type if field in cls.__dataclass_fields__ else None
+    expected = _takes(annotation)
+    if isinstance(value, list) and get_origin(annotation) in (Union, types.UnionType, list):
+        kinds = [arg for arg in get_args(annotation) if get_origin(arg) is list]
+        allowed = get_args(get_args(kinds[0])[0]) if kinds and get_origin(get_args(kinds[0])[0]) is Literal else ()
+        unknown = [entry for entry in value if allowed and entry not in allowed]
+        if unknown:
+            problem = (f"{field} holds {', '.join(_shown(entry) for entry in unknown)}, which "
+                       f"{'is' if len(unknown) == 1 else 'are'} not one of {', '.join(_shown(a) for a in allowed)}")
+            return ValueError(f"{problem}.") if field in given else ConfigValueError(f"{problem}; correct it there.")
+    problem = f"{field} is {_shown(value)}, but it takes {expected}"
+    if field in given:
+        return ValueError(f"{field}={value!r} was given, but {field} takes {expected}.")
+    return ConfigValueError(f"{problem}; correct it there.")
+
+
 def _option(default: Any, help: str) -> Any:
     """A config field with its help text (``metadata["help"]``)."""
     return dataclasses.field(default=default, metadata={"help": help})
@@ -188,6 +252,20 @@ class ClusterFormerConfig(RobertaConfig):
         """`PreTrainedConfig.from_dict`, where the layer-kind shortcuts and ``num_hidden_layers`` given as overrides
         (``from_pretrained(path, cluster_layers=[])``) apply over the stored kinds: what they leave out keeps its stored
         value (the global layers within the depth, their kinds)."""
+        overrides = set(kwargs) & {*cls.__dataclass_fields__, *LAYER_KIND_SHORTCUTS}
+        try:
+            return cls._from_dict(dict(config_dict), **kwargs)
+        except StrictDataclassError as error:  # a value of the wrong type, or an unknown layer kind
+            raise _strict_error(cls, error, {**config_dict, **kwargs}, overrides) from None
+        except ConfigValueError:
+            raise
+        except ValueError as error:  # a value out of range: the file's, when nothing overrides it
+            if overrides:
+                raise
+            raise ConfigValueError(" ".join(str(error).split())) from None
+
+    @classmethod
+    def _from_dict(cls, config_dict: dict, **kwargs):
         if "layer_types" in kwargs:
             kwargs["layer_kinds"] = kwargs.pop("layer_types")
         given = {name: kwargs.pop(name) for name in LAYER_KIND_SHORTCUTS[:2] if name in kwargs}
@@ -200,6 +278,15 @@ class ClusterFormerConfig(RobertaConfig):
             kinds = layer_kinds_from_shortcuts(depth, stored=stored, **given)
             config_dict.update(num_hidden_layers=depth, layer_kinds=kinds)
         return super().from_dict(config_dict, **kwargs)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, *args, **kwargs):
+        """`PreTrainedConfig.from_pretrained`; a value of the file that the config does not take is refused in one
+        line naming the file (`ConfigValueError`)."""
+        try:
+            return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        except ConfigValueError as error:
+            raise error.at(pretrained_model_name_or_path) from None
 
     @classmethod
     def get_config_dict(cls, *args, **kwargs):
@@ -273,6 +360,27 @@ class ClusterFormerConfig(RobertaConfig):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}.")
 
+    def _check_loadable(self) -> None:
+        """Raise `ValueError` naming a field that transformers reads only when the model is built or loaded (and would
+        fail on there with a traceback): an unknown ``hidden_act`` or ``dtype``, an ``auto_map`` or
+        ``custom_pipelines`` that is no mapping."""
+        if isinstance(self.hidden_act, str):
+            from transformers.activations import ACT2CLS
+
+            if self.hidden_act not in ACT2CLS:
+                usual = ", ".join(name for name in ("gelu", "gelu_new", "relu", "silu", "tanh") if name in ACT2CLS)
+                raise ValueError(f"hidden_act {self.hidden_act!r} is no activation transformers knows; use one of "
+                                 f"{usual}, ... (RoBERTa's is gelu).")
+        dtype = getattr(self, "dtype", None)
+        if isinstance(dtype, str) and dtype != "auto":
+            import torch
+
+            if not isinstance(getattr(torch, dtype, None), torch.dtype):
+                raise ValueError(f"dtype {dtype!r} is no torch dtype; use float32, float16 or bfloat16.")
+        for name in ("auto_map", "custom_pipelines"):
+            if not isinstance(getattr(self, name, None) or {}, dict):
+                raise ValueError(f"{name} must be an object (names to classes), got {getattr(self, name)!r}.")
+
     def _check_options(self) -> None:
         """Raise `ValueError` naming the field whose value is out of range (`@strict` checks the types)."""
         self._check_sizes()
@@ -289,6 +397,7 @@ class ClusterFormerConfig(RobertaConfig):
         if self.chunk_question_prefix and "window_cluster" in self.layer_kinds:
             raise ValueError("chunk_question_prefix applies to cluster and lsh layers, not window_cluster ones (each of "
                              "their states sees its window's question already); set it False.")
+        self._check_loadable()
         if "lsh" in self.layer_kinds and self.num_clusters % 2:
             raise ValueError(f"num_clusters must be even for LSH layers (buckets: ±projections), "
                              f"got {self.num_clusters}.")

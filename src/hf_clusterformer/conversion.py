@@ -23,6 +23,7 @@ from hf_clusterformer_heads import Head, architectures_task, find_head
 from .configuration_clusterformer import (
     GLOBAL_LAYER_TYPES,
     ClusterFormerConfig,
+    ConfigValueError,
     check_context_length,
 )
 from . import modeling_clusterformer
@@ -359,13 +360,22 @@ def _kept_depth(num_hidden_layers: int | None, source: PretrainedConfig, src: st
 
 
 def _convertible_config(src: str | os.PathLike, hub_kwargs: dict[str, Any]) -> PretrainedConfig:
-    """The config of ``src``; `ValueError` unless its type is one of `CONVERTIBLE_TYPES`."""
-    source = AutoConfig.from_pretrained(src, **hub_kwargs)
+    """The config of ``src``; `ValueError` unless its type is one of `CONVERTIBLE_TYPES` (a value its file holds that
+    the config does not take: `ConfigValueError`, naming the file)."""
+    source = _auto_config(src, hub_kwargs)
     if source.model_type not in CONVERTIBLE_TYPES:
         raise ValueError(
             f"{src} is a {source.model_type!r} checkpoint; convertible types are {', '.join(CONVERTIBLE_TYPES)}."
         )
     return source
+
+
+def _auto_config(src: str | os.PathLike, hub_kwargs: dict[str, Any]) -> PretrainedConfig:
+    """``AutoConfig.from_pretrained(src)``, a value of its file that the config does not take named with the file."""
+    try:
+        return AutoConfig.from_pretrained(src, **hub_kwargs)
+    except ConfigValueError as error:
+        raise error.at(src) from None
 
 
 def _conversion_tokenizer(
@@ -443,7 +453,7 @@ def load_qa_model(
     check_context_length(options.get("max_context_length"))
     path = check_checkpoint_source(path)
     hub_kwargs = {"revision": revision, "token": token}
-    source = AutoConfig.from_pretrained(path, **hub_kwargs)
+    source = _auto_config(path, hub_kwargs)
     if source.model_type not in CONVERTIBLE_TYPES:
         raise ValueError(
             f"{path} is a {source.model_type!r} checkpoint; Cluster-Former loads {', '.join(CONVERTIBLE_TYPES)}."

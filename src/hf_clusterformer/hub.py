@@ -38,7 +38,7 @@ from hf_clusterformer_heads import find_head
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.dynamic_module_utils import get_imports
 
-from .configuration_clusterformer import ClusterFormerConfig
+from .configuration_clusterformer import ClusterFormerConfig, ConfigValueError
 from .modeling_clusterformer import (
     UNTRAINED_WEIGHTS,
     ClusterFormerModel,
@@ -257,9 +257,14 @@ def check_hub_checkpoint(path: str | os.PathLike, files: Sequence[str] | None = 
     config = json.loads(config_file.read_text(encoding="utf-8"))
     if config.get("model_type") != ClusterFormerConfig.model_type:
         problems.append(f"config.json has model_type {config.get('model_type')!r}, not 'clusterformer'")
+    else:
+        try:  # a value the config does not take
+            ClusterFormerConfig.from_dict({k: v for k, v in config.items() if k != "model_type"})
+        except ConfigValueError as error:
+            problems.append(str(error.at(path)).rstrip("."))
     architectures = config.get("architectures") or []
     question_answering = any(name.endswith("ForQuestionAnswering") for name in architectures)
-    auto_map = config.get("auto_map") or {}
+    auto_map = config.get("auto_map") if isinstance(config.get("auto_map"), dict) else {}
     own = {getattr(find_head(name), "auto_class", None) for name in architectures}
     for key, target in hub_auto_map(bool(own - {None})).items():
         # the config, the base model and the checkpoint's own head are needed; other heads' entries need to be right
@@ -267,7 +272,7 @@ def check_hub_checkpoint(path: str | os.PathLike, files: Sequence[str] | None = 
         if (needed or key in auto_map) and auto_map.get(key) != target:
             problems.append(f"config.json auto_map[{key!r}] is {auto_map.get(key)!r}, expected {target!r}")
     needed = list(CODE_FILES[:2])
-    pipelines = config.get("custom_pipelines") or {}
+    pipelines = config.get("custom_pipelines") if isinstance(config.get("custom_pipelines"), dict) else {}
     if question_answering and pipelines.get(TASK, {}).get("impl") != _CUSTOM_PIPELINE[TASK]["impl"]:
         problems.append(f"config.json custom_pipelines does not map {TASK!r} to {_CUSTOM_PIPELINE[TASK]['impl']}")
     if pipelines:

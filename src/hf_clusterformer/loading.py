@@ -24,6 +24,7 @@ from hf_clusterformer_heads import find_head
 from transformers import AutoModelForQuestionAnswering, Pipeline
 from transformers.pipelines import PIPELINE_REGISTRY
 
+from .configuration_clusterformer import ConfigValueError
 from .modeling_clusterformer import check_finite_outputs, check_trained, mark_untrained
 from .pipeline import TASK, ClusterFormerQuestionAnsweringPipeline, use_model_limit
 
@@ -207,7 +208,10 @@ def _load_for_pipeline(path: Any, tokenizer: Any, kwargs: dict, task: str = TASK
     if "dtype" in kwargs:
         options["dtype"] = kwargs.pop("dtype")
     auto = hf_pipelines.SUPPORTED_TASKS[task]["pt"][0] if task != TASK else AutoModelForQuestionAnswering
-    model, info = auto.from_pretrained(path, output_loading_info=True, **options)
+    try:
+        model, info = auto.from_pretrained(path, output_loading_info=True, **options)
+    except ConfigValueError as error:  # a value of its config.json that the config does not take
+        raise error.at(path) from None
     mark_untrained(model, [key for key in info["missing_keys"] if ".router." not in key])
     return model, tokenizer if tokenizer is not None else path
 

@@ -1190,7 +1190,12 @@ class ClusterFormerPreTrainedModel(RobertaPreTrainedModel):
         ``encoder.layer.{i}.router``. Weights the checkpoint lacks (a head added to an encoder or to another head's
         checkpoint, as the Auto classes load one) are recorded as untrained (`_record_new_weights`)."""
         if args and not kwargs.get("ignore_mismatched_sizes") and kwargs.get("config") is None:
-            cls._check_shape_overrides(args[0], kwargs)
+            try:
+                cls._check_shape_overrides(args[0], kwargs)
+            except ValueError as error:  # a value of the file (ConfigValueError) is named with the file
+                if not hasattr(error, "at"):
+                    raise
+                raise error.at(args[0]) from None
         kwargs["key_mapping"] = {**LEGACY_KEY_MAPPING, **(kwargs.get("key_mapping") or {})}
         loading_info = kwargs.get("output_loading_info", False)
         model, info = super().from_pretrained(*args, **{**kwargs, "output_loading_info": True})

@@ -1,8 +1,10 @@
 """A slow reference of the whole Cluster-Former QA model: Python loops over one example's windows and chunks.
 
-Written from the paper's equations 1-8 and the README's input contract, for one example at a time and without
-padding. It shares no code with ``src/``: it reads the model's parameters and router buffers and calls only
-transformers' RoBERTa modules (``RobertaEmbeddings``, ``RobertaAttention``, the feed-forward block of ``RobertaLayer``).
+Written from the paper's equations 1-8 and the README's input contract (and, for the window_cluster kind beyond the
+paper, from its description in the modeling file), for one example at a time and without padding. It shares no code
+with ``src/``: it reads the model's parameters and router buffers and calls only transformers' RoBERTa modules
+(``RobertaEmbeddings``, ``RobertaAttention``, the feed-forward block of ``RobertaLayer``, a layer's linear maps and
+LayerNorm); a window_cluster layer's attention it writes out by its equation.
 
 The contract it follows:
 
@@ -19,6 +21,12 @@ The contract it follows:
   through a RoBERTa layer; every copy of a context token then takes its routed copy's output, every question
   copy its own. With ``chunk_question_prefix`` only the context tokens are routed, each chunk is
   ``[mean question prefix; chunk]``, and every question copy takes the mean over chunks of the prefix outputs.
+  With ``route_by="keys"`` the ids come from the layer's key projection of each state instead of the state.
+- Window-cluster layer (beyond the paper): the cluster layer's routing, sort and chunks give every routed copy the
+  attention context ``softmax(Q K^T / sqrt(d_h)) V`` (heads concatenated, before the output projection) of its chunk;
+  every copy of a context token takes its routed copy's context, every question copy its own. Each window then runs
+  as a sliding layer whose attention output is ``LayerNorm(dense(window context) + routed_output(routed context) +
+  input)``, then the feed-forward block; then the same mean as a sliding layer.
 - Outputs: every token the mean of its copies; QA logits from ``qa_outputs``; the answerability head on the mean
   of the windows' first states.
 """
@@ -64,6 +72,32 @@ def _layer(model, index: int, rows: list[torch.Tensor]) -> list[torch.Tensor]:
     layer = model.roberta.encoder.layer[index]
     attended = RobertaAttention.forward(layer.attention, torch.stack(rows).unsqueeze(0))[0]
     return list(RobertaLayer.feed_forward_chunk(layer, attended)[0])
+
+
+def _contexts(model, index: int, rows: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Multi-head self-attention of layer ``index`` over one unpadded sequence, by its equation and before the output
+    projection: every row's ``softmax(q k^T / sqrt(d_h)) V`` over all rows, heads concatenated: n rows of (d,) -> n
+    rows of (d,)."""
+    attention = model.roberta.encoder.layer[index].attention.self
+    heads = model.config.num_attention_heads
+    x = torch.stack(rows)  # (n, d)
+    q, k, v = (projection(x).view(len(rows), heads, -1).transpose(0, 1)  # (h, n, d_h)
+               for projection in (attention.query, attention.key, attention.value))
+    probabilities = torch.softmax(q @ k.transpose(1, 2) / q.shape[-1] ** 0.5, dim=-1)  # (h, n, n)
+    return list((probabilities @ v).transpose(0, 1).reshape(len(rows), -1))
+
+
+def _window_layer(model, index: int, rows: list[torch.Tensor], routed: list[torch.Tensor]) -> list[torch.Tensor]:
+    """A window-cluster layer over one window: n rows of (d,) and their routed contexts n rows of (d,) -> n rows of
+    (d,). The window's attention output and the routed one (each through its own projection) join the residual sum
+    before the LayerNorm; then the feed-forward block."""
+    layer = model.roberta.encoder.layer[index]
+    output = layer.attention.output
+    x = torch.stack(rows)
+    window = F.linear(torch.stack(_contexts(model, index, rows)), output.dense.weight, output.dense.bias)
+    extra = F.linear(torch.stack(routed), layer.routed_output.weight, layer.routed_output.bias)
+    attended = output.LayerNorm(window + extra + x)
+    return list(RobertaLayer.feed_forward_chunk(layer, attended.unsqueeze(0))[0])
 
 
 def _mean(rows: list[torch.Tensor]) -> torch.Tensor:
@@ -170,7 +204,10 @@ def reference_forward(
         else:
             given = None if model_ids is None else model_ids[routed]
             router = model.roberta.encoder.routers[str(index)]
-            if config.chunk_question_prefix:
+            if kind == "window_cluster":
+                states = _share_means(example, _window_cluster(model, index, router, example, states, given,
+                                                               slots_per_window, output))
+            elif config.chunk_question_prefix:
                 states = _prefixed_routed(model, index, router, kind, example, states, given, slots_per_window, output)
             else:
                 states = _routed(model, index, router, kind, example, states, given, slots_per_window, output)
@@ -208,12 +245,13 @@ def _sparse(model, index: int, states: list[list[torch.Tensor]]) -> list[list[to
     return out
 
 
-def _route(router, kind: str, row: torch.Tensor, given: int | None, output: ReferenceOutput) -> int:
-    """Cluster id of one state (d,): eq. 4's cosine argmax, or LSH's argmax over ``[xR; -xR]``; near ties may take
-    the model's id ``given``."""
+def _route(router, kind: str, row: torch.Tensor, given: int | None, output: ReferenceOutput, key=None) -> int:
+    """Cluster id of one state (d,): eq. 4's cosine argmax (cluster and window_cluster layers), or LSH's argmax over
+    ``[xR; -xR]``, of the state or, given ``key`` (the layer's key projection, ``route_by="keys"``), of ``key(row)``;
+    near ties may take the model's id ``given``."""
     with torch.no_grad():
-        x = row.double()
-        if kind == "cluster":
+        x = (row if key is None else key(row)).double()
+        if kind != "lsh":
             centroids = router.centroids.double()
             scores = torch.stack([x @ c / (x.norm().clamp(min=1e-12) * c.norm().clamp(min=1e-12)) for c in centroids])
         else:
@@ -235,13 +273,27 @@ def _given_id(given: torch.Tensor | None, slots: int | None, k: int, j: int) -> 
     return None if given is None else int(given[k * slots + j])
 
 
+def _route_sequence(model, index, router, kind, states, sequence, given, slots, output) -> list[int]:
+    """The ids of the routed copies ``sequence`` ((window, slot) pairs) by the layer's ``route_by``, recorded in
+    ``output.ids``."""
+    key = model.roberta.encoder.layer[index].attention.self.key if model.config.route_by == "keys" else None
+    ids = [_route(router, kind, states[k][j], _given_id(given, slots, k, j), output, key) for k, j in sequence]
+    output.ids.append(dict(zip(sequence, ids)))
+    return ids
+
+
+def _routed_sequence(example: Example) -> list[tuple[int, int]]:
+    """The copies a routed layer sorts, in position order: every window's question copies and each context token's
+    owner copy (eq. 5's ``[H_0[0:p+m]; H_1[0:p+m]; ...]``, the last window whole)."""
+    return [(k, j) for k, window in enumerate(example.windows) for j, t in enumerate(window)
+            if t < example.prefix or example.owner[t] == k]
+
+
 def _routed(model, index, router, kind, example, states, given, slots, output) -> list[list[torch.Tensor]]:
     """The paper's Cluster-Former layer (eq. 4-8) on one example."""
     m = example.stride
-    sequence = [(k, j) for k, window in enumerate(example.windows) for j, t in enumerate(window)
-                if t < example.prefix or example.owner[t] == k]
-    ids = [_route(router, kind, states[k][j], _given_id(given, slots, k, j), output) for k, j in sequence]
-    output.ids.append(dict(zip(sequence, ids)))
+    sequence = _routed_sequence(example)
+    ids = _route_sequence(model, index, router, kind, states, sequence, given, slots, output)
     order = sorted(range(len(sequence)), key=lambda i: ids[i])  # Python's sort is stable: ties keep their position
     result = {}
     for begin in range(0, len(order), m):
@@ -258,8 +310,7 @@ def _prefixed_routed(model, index, router, kind, example, states, given, slots, 
     prefix = [_mean([rows[j] for rows in states]) for j in range(p)]
     tokens = sorted(example.owner)  # context tokens in order; each routed from its owner copy
     where = example.owner_slot
-    ids = [_route(router, kind, states[k][j], _given_id(given, slots, k, j), output) for k, j in map(where.get, tokens)]
-    output.ids.append({where[t]: i for t, i in zip(tokens, ids)})
+    ids = _route_sequence(model, index, router, kind, states, [where[t] for t in tokens], given, slots, output)
     order = sorted(range(len(tokens)), key=lambda i: ids[i])
     result, prefix_outs = {}, []
     for begin in range(0, len(order), m):
@@ -269,3 +320,19 @@ def _prefixed_routed(model, index, router, kind, example, states, given, slots, 
         result.update(zip(members, out[p:]))
     question = [_mean([outs[j] for outs in prefix_outs]) for j in range(p)]
     return [[question[t] if t < p else result[t] for t in window] for window in example.windows]
+
+
+def _window_cluster(model, index, router, example, states, given, slots, output) -> list[list[torch.Tensor]]:
+    """A window-cluster layer before the mean of the copies: every routed copy gets its chunk's attention context, the
+    other context copies their routed copy's, and every window runs its attention with them added (`_window_layer`)."""
+    m = example.stride
+    sequence = _routed_sequence(example)
+    ids = _route_sequence(model, index, router, "window_cluster", states, sequence, given, slots, output)
+    order = sorted(range(len(sequence)), key=lambda i: ids[i])
+    context = {}
+    for begin in range(0, len(order), m):
+        members = [sequence[i] for i in order[begin : begin + m]]
+        context.update(zip(members, _contexts(model, index, [states[k][j] for k, j in members])))
+    routed = [[context[(k, j) if t < example.prefix else example.owner_slot[t]] for j, t in enumerate(window)]
+              for k, window in enumerate(example.windows)]
+    return [_window_layer(model, index, rows, extra) for rows, extra in zip(states, routed)]

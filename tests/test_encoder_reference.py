@@ -1,12 +1,14 @@
 """The whole QA model against the slow loop reference (tests/reference_encoder.py) over drawn configurations and inputs.
 
-Drawn: window size and stride (no overlap, two-way and three-way overlaps), 1-4 layers of any types, 1 to more
-clusters than tokens, ``chunk_question_prefix``, the answerability head, eager or sdpa attention, 1-4 heads, chunked
-feed-forward, eval or training mode (dropout off) with or without activation checkpointing, batches of 1-4 examples of
-different lengths padded left or right, question lengths 1..``max_question_length``, contexts shorter than a window,
-one window long or longer, RoBERTa (``<s> Q </s></s> C </s>``) or BERT (``[CLS] Q [SEP] C [SEP]``, a converted
-checkpoint's ids) templates with default, pair or given token types, ids or ``inputs_embeds``, question prefixes found
-from the separators or given (``question_lengths``, also one token off the separators).
+Drawn: window size and stride (no overlap, two-way and three-way overlaps), 1-4 layers of any types (window_cluster
+ones with their routed projection drawn away from its zero start), 1 to more clusters than tokens, ``route_by``
+(states or keys), ``chunk_question_prefix`` (without window_cluster layers, which refuse it), the answerability head,
+eager or sdpa attention, 1-4 heads, chunked feed-forward, eval or training mode (dropout off) with or without
+activation checkpointing, batches of 1-4 examples of different lengths padded left or right, question lengths
+1..``max_question_length``, contexts shorter than a window, one window long or longer, RoBERTa
+(``<s> Q </s></s> C </s>``) or BERT (``[CLS] Q [SEP] C [SEP]``, a converted checkpoint's ids) templates with default,
+pair or given token types, ids or ``inputs_embeds``, question prefixes found from the separators or given
+(``question_lengths``, also one token off the separators).
 
 Checked: hidden states, QA and answerability logits equal the reference (1e-5, fp32); every example equals itself
 run alone; more padding with other values changes no real output, and padding outputs zeros; no NaN/inf; the
@@ -24,6 +26,7 @@ import os
 import random
 from dataclasses import dataclass
 
+import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import HealthCheck, event, example, given, seed, settings
@@ -42,7 +45,7 @@ HIDDEN = 16
 TOLERANCE = 1e-5
 #: Where they differ by more: fp32 rounding (against the fp32 reference) and float64 (against the float64 reference).
 ROUNDING, EXACT = 1e-3, 1e-9
-TYPES = ("sliding", "cluster", "lsh", "sparse")
+TYPES = ("sliding", "cluster", "lsh", "sparse", "window_cluster")
 
 FUZZ_EXAMPLES = int(os.environ.get("CLUSTERFORMER_FUZZ_EXAMPLES", "0"))
 FUZZ_SEED = os.environ.get("CLUSTERFORMER_FUZZ_SEED")
@@ -131,7 +134,8 @@ def cases(draw) -> Case:
         layer_types=layer_types, num_clusters=clusters, window_size=size, window_stride=stride,
         max_question_length=max_question, max_context_length=4096,
         max_position_embeddings=pad + 1 + max_question + 3 + size + draw(st.integers(0, 2)),
-        chunk_question_prefix=draw(st.booleans()), use_answerability_head=draw(st.booleans()),
+        chunk_question_prefix="window_cluster" not in layer_types and draw(st.booleans()),
+        route_by=draw(st.sampled_from(["states", "keys"])), use_answerability_head=draw(st.booleans()),
         pair_token_types=types_from == "pair",
         type_vocab_size=draw(st.sampled_from([1, 2])) if types_from == "none" else 2,
         initializer_range=draw(st.sampled_from([0.02, 0.3])),
@@ -163,7 +167,8 @@ def issue_22_case() -> Case:
 
 
 def build_model(case: Case) -> ClusterFormerForQuestionAnswering:
-    """The drawn model, its cluster routers holding fitted random unit centroids."""
+    """The drawn model, its cluster routers holding fitted random unit centroids and its window_cluster layers' routed
+    projections random (at their zero start the routed path would change nothing)."""
     config = ClusterFormerConfig(**case.config)
     config._attn_implementation = case.attention
     with torch.random.fork_rng(devices=[]):
@@ -172,6 +177,11 @@ def build_model(case: Case) -> ClusterFormerForQuestionAnswering:
         for router in model.cluster_routers().values():
             router.centroids.copy_(F.normalize(torch.randn_like(router.centroids), dim=-1))
             router.fitted.fill_(True)
+        with torch.no_grad():
+            for layer in model.roberta.encoder.layer:
+                if hasattr(layer, "routed_output"):
+                    layer.routed_output.weight.normal_(std=0.3)
+                    layer.routed_output.bias.normal_(std=0.3)
     if case.checkpointing:  # recomputes the layers in backward when training
         model.activation_checkpointing_enable()
     return model
@@ -396,6 +406,8 @@ def describe(case: Case, config: ClusterFormerConfig, output, references) -> Non
     event("windows: " + ("1" if windows == 1 else "2-3" if windows <= 3 else "4+"))
     for kind in sorted(set(config.layer_kinds)):
         event(f"has a {kind} layer")
+    if config.route_by == "keys" and set(config.layer_kinds) - {"sliding", "sparse"}:
+        event("a routed layer routed by keys")
     if any(len(ids) > stride for r in references for ids in r.ids):
         event("a routed layer ran several chunks")
     if any(len(set(ids.values())) > 1 for r in references for ids in r.ids):
@@ -409,19 +421,25 @@ if FUZZ_SEED is not None:
     test_model_equals_the_loop_reference = seed(int(FUZZ_SEED))(test_model_equals_the_loop_reference)
 
 
-def test_the_reference_is_roberta_within_one_window():
-    """The reference's own anchor: with sliding layers only and a context within one window, it is transformers'
-    RobertaForQuestionAnswering on the whole input; and its windows number ``1 + ceil(max(0, c - l) / m)``."""
+@pytest.mark.parametrize("kinds", [["sliding", "sliding"], ["window_cluster", "sliding"]],
+                         ids=["sliding", "window_cluster"])
+def test_the_reference_is_roberta_within_one_window(kinds):
+    """The reference's own anchor: with sliding layers only, or a window_cluster layer at its start (its routed
+    projection zero, so its own attention equations give the window's RoBERTa attention), and a context within one
+    window, it is transformers' RobertaForQuestionAnswering on the whole input; and its windows number
+    ``1 + ceil(max(0, c - l) / m)``."""
     config = ClusterFormerConfig(
         vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
-        cluster_layers=[], window_size=12, window_stride=5, max_question_length=4, max_position_embeddings=24,
-        initializer_range=0.3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+        layer_kinds=kinds, window_size=12, window_stride=5, max_question_length=4, max_position_embeddings=24,
+        num_clusters=4, route_by="keys", initializer_range=0.3, hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
     )
     torch.manual_seed(0)
     model = ClusterFormerForQuestionAnswering(config).eval()
     fields = RobertaConfig().to_dict().keys()
     roberta = RobertaForQuestionAnswering(RobertaConfig(**{k: v for k, v in config.to_dict().items() if k in fields}))
-    roberta.load_state_dict(model.state_dict())
+    missing = roberta.load_state_dict(model.state_dict(), strict=False)
+    assert not missing.missing_keys and all(".router." in k or ".routed_output." in k for k in missing.unexpected_keys)
     ids = torch.tensor([0, 7, 8, 2, 2, *range(10, 21), 2])  # a question of 2, a context of 11 + </s>
     with torch.no_grad():
         ours = reference_forward(model, input_ids=ids)

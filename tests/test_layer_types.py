@@ -1,5 +1,6 @@
-"""The three global layer types (cluster, LSH, sparse): each saves and loads (router buffers included), trains in
-the QA head under the Trainer with `CentroidUpdateCallback` (which fits cluster routers only), answers through the
+"""The global layer types (cluster, LSH, sparse, window_cluster): each saves and loads (router buffers and a
+window_cluster layer's routed projection included), trains in the QA head under the Trainer with
+`CentroidUpdateCallback` (which fits the K-Means routers only: cluster and window_cluster layers'), answers through the
 pipeline; LSH buckets are argmax [xR; -xR]; a sparse layer mixes windows only at the same in-window slot."""
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from hf_clusterformer.features import prepare_train_features
 from hf_clusterformer.modeling_clusterformer import ClusterRouter, LSHRouter, build_window_layout, count_windows
 
 ROOT = Path(__file__).resolve().parents[1]
-TYPES = ("cluster", "lsh", "sparse")
+TYPES = ("cluster", "lsh", "sparse", "window_cluster")
+#: The kinds whose router holds K-Means centroids.
+CENTROID_KINDS = ("cluster", "window_cluster")
 
 
 @pytest.fixture(scope="module")
@@ -77,17 +80,24 @@ def test_save_and_load_give_identical_logits(kind, tokenizer, examples, tmp_path
         router.hash_vectors.copy_(torch.randn(32, 4, generator=generator))
     else:
         assert len(model.base_model.encoder.routers) == 0
+    if kind == "window_cluster":  # its routed path opened, as training would: the projection must load as saved
+        with torch.no_grad():
+            model.base_model.encoder.layer[2].routed_output.weight.normal_(std=0.5, generator=generator)
     model.save_pretrained(tmp_path)
 
     saved = load_file(tmp_path / "model.safetensors")
-    expected_buffers = {"cluster": {"centroids", "fitted"}, "lsh": {"hash_vectors"}, "sparse": set()}[kind]
+    expected_buffers = {"lsh": {"hash_vectors"}, "sparse": set()}.get(kind, {"centroids", "fitted"})
     assert {k.rsplit(".", 1)[1] for k in saved if ".router." in k} == expected_buffers
+    assert ({k for k in saved if ".routed_output." in k} == {"roberta.encoder.layer.2.routed_output.weight",
+            "roberta.encoder.layer.2.routed_output.bias"}) == (kind == "window_cluster")
 
     # A different seed would draw other initial centroids / hash vectors: the loaded ones must be the saved ones.
     loaded = ClusterFormerForQuestionAnswering.from_pretrained(tmp_path, centroid_seed=123).eval()
     assert loaded.config.layer_kinds == ["sliding", "sliding", kind]
     for name, buffer in _router_buffers(model).items():
         assert torch.equal(dict(loaded.named_buffers())[name], buffer), name
+    for name, weight in model.named_parameters():
+        assert torch.equal(dict(loaded.named_parameters())[name], weight), name
     inputs = _encode(tokenizer, examples[0])
     with torch.no_grad():
         before, after = model(**inputs), loaded(**inputs)
@@ -109,7 +119,8 @@ def train_features(tokenizer, examples) -> datasets.Dataset:
 
 
 @pytest.mark.parametrize(
-    "kinds", [["cluster"], ["lsh"], ["sparse"], ["lsh", "cluster", "sparse"]], ids=["cluster", "lsh", "sparse", "mixed"]
+    "kinds", [["cluster"], ["lsh"], ["sparse"], ["window_cluster"], ["lsh", "cluster", "sparse"]],
+    ids=["cluster", "lsh", "sparse", "window_cluster", "mixed"],
 )
 def test_trainer_with_centroid_callback_fits_cluster_routers_only(kinds, tokenizer, train_features, tmp_path):
     layers = [2] if len(kinds) == 1 else [1, 2, 3]
@@ -130,9 +141,12 @@ def test_trainer_with_centroid_callback_fits_cluster_routers_only(kinds, tokeniz
     result = trainer.train()
     assert result.global_step == 3 and torch.isfinite(torch.tensor(result.training_loss))
     assert any(not torch.equal(p, weights[n]) for n, p in model.named_parameters())  # the QA head trained
+    for index, kind in zip(layers, kinds):
+        if kind == "window_cluster":  # its routed path opened from its zero start
+            assert model.base_model.encoder.layer[index].routed_output.weight.abs().sum() > 0
 
     routers = dict(model.base_model.encoder.routers.items())
-    cluster_layers = [i for i, kind in zip(layers, kinds) if kind == "cluster"]
+    cluster_layers = [i for i, kind in zip(layers, kinds) if kind in CENTROID_KINDS]
     assert sorted(model.cluster_routers()) == cluster_layers
     assert sorted(int(i) for i in routers) == [i for i, kind in zip(layers, kinds) if kind != "sparse"]
     for index, router in routers.items():
@@ -152,7 +166,7 @@ def test_trainer_with_centroid_callback_fits_cluster_routers_only(kinds, tokeniz
 @pytest.mark.parametrize("kind", TYPES)
 def test_pipeline_answers(kind, tokenizer, examples, tmp_path):
     model = _model(tokenizer, global_layer_type=kind)
-    if kind == "cluster":
+    if kind in CENTROID_KINDS:
         model.cluster_routers()[2].fitted.fill_(True)
     model.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)

@@ -19,12 +19,22 @@ import hf_clusterformer  # noqa: F401  (registers the Auto classes)
 from hf_clusterformer import ClusterFormerConfig, ClusterFormerForQuestionAnswering, ClusterFormerModel
 from hf_clusterformer.configuration_clusterformer import default_cluster_layers
 
-ALL_KINDS = dict(num_hidden_layers=4, cluster_layers=[1, 2, 3], global_layer_type=["cluster", "lsh", "sparse"])
+ALL_KINDS = dict(num_hidden_layers=5, cluster_layers=[1, 2, 3, 4],
+                 global_layer_type=["cluster", "lsh", "sparse", "window_cluster"])
 
 
 def roberta_twin(config: ClusterFormerConfig) -> RobertaConfig:
     fields = RobertaConfig().to_dict().keys()
     return RobertaConfig(**{k: v for k, v in config.to_dict().items() if k in fields})
+
+
+def open_routed_paths(model) -> None:
+    """Draw the routed projections of a model's window_cluster layers away from their zero start, so that their routed
+    path takes part in the outputs (as after training)."""
+    with torch.no_grad():
+        for layer in model.base_model.encoder.layer:
+            if hasattr(layer, "routed_output"):
+                layer.routed_output.weight.normal_(std=0.5)
 
 
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
@@ -91,6 +101,7 @@ def test_batch_invariance_and_pads_never_matter(kinds):
     config = tiny_config(**kinds)
     torch.manual_seed(0)
     model = ClusterFormerForQuestionAnswering(config).eval()
+    open_routed_paths(model)
     generator = torch.Generator().manual_seed(4)
     examples = [random_example(generator, q, c) for q, c in [(3, 70), (7, 9), (5, 33), (2, 1)]]
     ids, mask = pad_batch(examples)
@@ -134,6 +145,7 @@ def test_gradients_reach_every_parameter_and_checkpointing_matches():
     for checkpointing in (False, True):
         torch.manual_seed(0)
         model = ClusterFormerForQuestionAnswering(config).train()
+        open_routed_paths(model)
         if checkpointing:
             enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
             enable()
@@ -277,15 +289,19 @@ def test_auto_classes_round_trip_with_fitted_centroids(tmp_path):
     router = model.cluster_routers()[1]
     router.centroids.copy_(torch.nn.functional.normalize(torch.randn(8, 32), dim=-1))
     router.fitted.fill_(True)
+    routed = model.roberta.encoder.layer[4].routed_output  # the window_cluster layer's, away from its zero start
+    with torch.no_grad():
+        routed.weight.normal_(std=0.5)
     model.save_pretrained(tmp_path)
     assert (tmp_path / "model.safetensors").exists() and not list(tmp_path.glob("*.bin"))
     assert AutoConfig.from_pretrained(tmp_path).model_type == "clusterformer"
     loaded = AutoModelForQuestionAnswering.from_pretrained(tmp_path).eval()
     assert isinstance(loaded, ClusterFormerForQuestionAnswering)
-    assert loaded.config.layer_kinds == ["sliding", "cluster", "lsh", "sparse"]
+    assert loaded.config.layer_kinds == ["sliding", "cluster", "lsh", "sparse", "window_cluster"]
     assert torch.equal(loaded.cluster_routers()[1].centroids, router.centroids)
     assert bool(loaded.cluster_routers()[1].fitted)
     assert torch.equal(loaded.roberta.encoder.routers["2"].hash_vectors, model.roberta.encoder.routers["2"].hash_vectors)
+    assert torch.equal(loaded.roberta.encoder.layer[4].routed_output.weight, routed.weight)
     ids = torch.tensor([random_example(torch.Generator().manual_seed(9), 4, 80)])
     with torch.no_grad():
         assert torch.equal(loaded(ids).start_logits, model(ids).start_logits)

@@ -10,12 +10,22 @@ from transformers import RobertaConfig, RobertaModel
 
 from hf_clusterformer import ClusterFormerForQuestionAnswering, ClusterFormerModel
 
-ALL_KINDS = dict(num_hidden_layers=4, cluster_layers=[1, 2, 3], global_layer_type=["cluster", "lsh", "sparse"])
+ALL_KINDS = dict(num_hidden_layers=5, cluster_layers=[1, 2, 3, 4],
+                 global_layer_type=["cluster", "lsh", "sparse", "window_cluster"])
 
 
 def roberta_twin(config, **overrides) -> RobertaConfig:
     fields = RobertaConfig().to_dict().keys()
     return RobertaConfig(**{**{k: v for k, v in config.to_dict().items() if k in fields}, **overrides})
+
+
+def open_routed_paths(model) -> None:
+    """Draw the routed projections of a model's window_cluster layers away from their zero start, so that their routed
+    path takes part in the outputs (as after training)."""
+    with torch.no_grad():
+        for layer in model.base_model.encoder.layer:
+            if hasattr(layer, "routed_output"):
+                layer.routed_output.weight.normal_(std=0.5)
 
 
 def single_text(generator: torch.Generator, length: int, vocab: int = 100) -> list[int]:
@@ -69,6 +79,7 @@ def test_single_text_windows_have_only_bos_as_prefix():
 def test_single_texts_are_batch_and_padding_invariant(kinds):
     torch.manual_seed(0)
     model = ClusterFormerModel(tiny_config(**kinds)).eval()
+    open_routed_paths(model)
     generator = torch.Generator().manual_seed(4)
     examples = [single_text(generator, n) for n in (70, 9, 33, 1)]
     ids, mask = pad_batch(examples)

@@ -1,9 +1,10 @@
 """transformers' common model tests (``ModelTesterMixin``) on the base model and every head.
 
-Each class gets its own test case (``pytest -k MultipleChoice`` runs one). The inputs are right-padded pair encodings
-of a tiny config that span several windows; the mixin prepares them for each head as for transformers' own heads of
-that kind (`KIND`): (B, C, T) for multiple choice, and each head's labels. Tests that cannot apply to a windowed model are listed in `NOT_APPLICABLE` with
-the reason (they report as skipped, with it); the rest pass. The mixin comes from transformers' source distribution
+Each class gets its own test case (``pytest -k MultipleChoice`` runs one). The config's two layers are a window_cluster
+and a cluster layer (`GLOBAL_LAYERS`); the inputs are right-padded pair encodings that span several windows; the
+mixin prepares them for each head as for transformers' own heads of that kind (`KIND`): (B, C, T) for multiple choice,
+and each head's labels. Tests that cannot apply to a windowed model are listed in `NOT_APPLICABLE` with the reason
+(they report as skipped, with it); the rest pass. The mixin comes from transformers' source distribution
 (`support.transformers_common`: ``make common-tests``); without it this module is skipped, saying how to get it.
 """
 
@@ -39,6 +40,9 @@ if ModelTesterMixin is None:
 #: Rows of the batch: (question, context) lengths; the longest spans four windows of 16 slots, 12 apart. Seven rows, as
 #: many as the sdpa/eager comparison runs, so that it adds no rows of random ids of its own.
 ROWS = [(3, 38), (6, 20), (2, 9), (8, 30), (1, 4), (5, 13), (4, 25)]
+#: The encoder's layers by index: a window_cluster layer (its window attention is the sliding layer's), whose output a
+#: cluster layer routes.
+GLOBAL_LAYERS = {0: "window_cluster", 1: "cluster"}
 
 
 #: Common tests that cannot apply to a windowed model, for every class, and why.
@@ -69,7 +73,7 @@ class ClusterFormerModelTester:
 
     batch_size = len(ROWS)
     seq_length = max(question + context for question, context in ROWS) + 4  # <s> Q </s></s> C </s>
-    num_hidden_layers = 2
+    num_hidden_layers = 2  # the mixin's test_num_layers_is_small allows no more
     hidden_size = 32
     num_attention_heads = 2
     vocab_size = 100
@@ -80,7 +84,9 @@ class ClusterFormerModelTester:
         self.parent = parent
 
     def get_config(self):
-        return tiny_config(num_hidden_layers=self.num_hidden_layers, cluster_layers=[1])
+        """A window_cluster layer, then a cluster layer (`GLOBAL_LAYERS`)."""
+        return tiny_config(num_hidden_layers=self.num_hidden_layers, cluster_layers=list(GLOBAL_LAYERS),
+                           global_layer_type=list(GLOBAL_LAYERS.values()))
 
     def prepare_config_and_inputs_for_common(self):
         ids, mask = pad_batch([random_example(torch.Generator().manual_seed(row), *lengths)

@@ -1,6 +1,8 @@
 """The ``window_cluster`` layer kind: a window layer with a cluster layer's attention added through a projection that
 starts at zero. At its start a model is the sliding-window model exactly (random weights, padded batches and a
-converted RoBERTa checkpoint); once the projection moves, the routed path changes the outputs and trains."""
+converted RoBERTa checkpoint); once the projection moves, the routed path changes the outputs and trains, and
+activation checkpointing (reentrant too) gives its plain gradients. tests/test_encoder_reference.py checks it against
+the loop reference."""
 
 import pytest
 import torch
@@ -65,6 +67,31 @@ def test_an_open_routed_path_changes_outputs_and_trains():
         opened = model(input_ids=ids, attention_mask=mask)
         closed = sliding(input_ids=ids, attention_mask=mask)
     assert (opened.start_logits - closed.start_logits).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+def test_activation_checkpointing_gives_the_plain_gradients(reentrant):
+    """Recomputing the layers in backward gives the gradients of a plain backward, the routed path's included; also
+    under reentrant checkpointing, which takes only a layer's positional tensors as its inputs (the routed context
+    passed by keyword reached the graph twice: "Trying to backward through the graph a second time")."""
+    ids, mask = _batch(4)
+    labels = dict(start_positions=torch.tensor([9, 12, 7]), end_positions=torch.tensor([11, 12, 8]))
+    grads = []
+    for checkpointing in (False, True):
+        _, model = _pair("keys")
+        with torch.no_grad():
+            for index in (1, 3):
+                model.roberta.encoder.layer[index].routed_output.weight.normal_(std=0.5)
+        model.train()
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+        model(input_ids=ids, attention_mask=mask, **labels).loss.backward()
+        grads.append({name: p.grad for name, p in model.named_parameters()})
+    assert grads[0]["roberta.encoder.layer.1.routed_output.weight"].abs().sum() > 0
+    for name, grad in grads[0].items():
+        assert (grad is None) == (grads[1][name] is None), name
+        if grad is not None:
+            torch.testing.assert_close(grads[1][name], grad, atol=1e-6, rtol=1e-5, msg=lambda m: f"{name}: {m}")
 
 
 def test_an_example_alone_equals_it_in_a_padded_batch():

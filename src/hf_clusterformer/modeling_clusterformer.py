@@ -900,7 +900,8 @@ class WindowClusterLayer(RoutedLayer):
         routed, _ = self.attention.self(chunks, masks.chunk(chunk_valid))  # (B * C, m, d)
         routed = unsort_from_chunks(routed, order, flat.shape[1], fill=torch.zeros_like(flat), bounded=masks.bounded)
         routed = masks.share(routed.view_as(states), True, length).masked_fill(~masks.layout.valid.unsqueeze(-1), 0)
-        out, weights = self(states.view(-1, slots, hidden), masks.window, routed_context=routed.view(-1, slots, hidden))
+        # routed context positional: reentrant activation checkpointing takes only positional tensors as its inputs
+        out, weights = self(states.view(-1, slots, hidden), masks.window, routed.view(-1, slots, hidden))
         return masks.share(out.view_as(states), False, length), weights, ids.masked_fill(~masks.representative, -1)
 
 

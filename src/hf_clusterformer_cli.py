@@ -157,10 +157,10 @@ def _load_qa_model(path: str, max_context_length: int | None = None, command: st
     """A Cluster-Former QA model and its tokenizer from a checkpoint directory or Hub id, with clear errors (a plain
     RoBERTa or BERT checkpoint is refused: `check_cluster_former`)."""
     from safetensors import SafetensorError
-    from transformers import AutoTokenizer
 
     from hf_clusterformer.conversion import load_qa_model
     from hf_clusterformer.features import check_tokenizer_fits
+    from hf_clusterformer.loading import load_tokenizer
 
     check_model_path(path)
     check_cluster_former(path, command)
@@ -172,7 +172,7 @@ def _load_qa_model(path: str, max_context_length: int | None = None, command: st
                 f"no tokenizer files in {path} (such as tokenizer.json); save the tokenizer into it with "
                 "tokenizer.save_pretrained, or write the checkpoint with `clusterformer convert`."
             )
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = load_tokenizer(path)
         check_tokenizer_fits(tokenizer, model.config, path)
     except SafetensorError as error:
         raise CommandError(_weights_error(path, error)) from error

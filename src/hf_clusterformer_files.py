@@ -29,42 +29,13 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "GENERATED_MARK",
-    "CLUSTERFORMER_MODEL_TYPE",
-    "CODE_FILES",
-    "CUSTOM_PIPELINE",
-    "MODEL_FILE_NAMES",
-    "MODEL_FILE_PATTERNS",
-    "MODEL_MARKER_FILES",
-    "RESULT_FILES",
-    "TOKENIZER_FILES",
-    "file_sha256",
-    "ModelFolderExistsError",
-    "apply_auto_map",
-    "apply_default_modes",
-    "card_state",
-    "stamp_card",
-    "check_output_dir",
-    "check_result_files",
-    "checkpoint_kind",
-    "check_local_source",
-    "looks_local",
-    "default_mode",
-    "holds_model",
-    "is_trainer_checkpoint",
-    "last_checkpoint",
-    "model_auto_map",
-    "library_files",
-    "output_folder",
-    "owned_by_model",
-    "write_file",
-    "written_by_library",
-    "WriteInterrupted",
-    "OWN_FILES_RECORD",
-    "check_own_files",
-    "run_output_dir",
-    "writing_model_dir",
-    "write_model_folder",
+    "GENERATED_MARK", "CLUSTERFORMER_MODEL_TYPE", "CODE_FILES", "CUSTOM_PIPELINE", "MODEL_FILE_NAMES",
+    "MODEL_FILE_PATTERNS", "MODEL_MARKER_FILES", "RESULT_FILES", "TOKENIZER_FILES", "TOKENIZER_READS",
+    "file_sha256", "ModelFolderExistsError", "apply_auto_map", "apply_default_modes", "card_state", "stamp_card",
+    "check_output_dir", "check_result_files", "checkpoint_kind", "check_local_source", "looks_local",
+    "default_mode", "holds_model", "is_trainer_checkpoint", "last_checkpoint", "model_auto_map", "library_files",
+    "output_folder", "owned_by_model", "write_file", "written_by_library", "WriteInterrupted", "OWN_FILES_RECORD",
+    "check_own_files", "tokenizer_strays", "run_output_dir", "writing_model_dir", "write_model_folder",
 ]
 
 #: ``model_type`` of a Cluster-Former checkpoint's ``config.json``.
@@ -76,6 +47,8 @@ RESULT_FILES = ("all_results.json", "eval_predictions.json")
 #: Files of which a saved tokenizer has at least one.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "spiece.model",
                    "sentencepiece.bpe.model", "tokenizer.model")
+#: Every file a tokenizer's loader reads from a model folder: one given a new tokenizer keeps no other of these.
+TOKENIZER_READS = (*TOKENIZER_FILES, "merges.txt", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja")
 #: Files whose presence makes a folder hold a model (its config or weights).
 MODEL_MARKER_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 #: Names of the files a saved model or its run owns (config, weights, tokenizer, code, card, records): what
@@ -319,13 +292,35 @@ def _foreign(folder: Path, names: Sequence[str], record: dict[str, str]) -> list
             and not written_by_library(folder, name, record)]
 
 
+def tokenizer_strays(folder: str | os.PathLike, names: Sequence[str]) -> list[str]:
+    """The files of ``folder`` that a tokenizer's loader would read beside a new tokenizer (``names``: the files being
+    written, with a tokenizer's among them) and that are not this library's own (`TOKENIZER_READS`)."""
+    if not set(names) & set(TOKENIZER_FILES):
+        return []
+    return _foreign(output_folder(folder), [n for n in TOKENIZER_READS if n not in names], library_files(folder))
+
+
+def _set_aside(folder: Path, names: Sequence[str]) -> None:
+    """Rename each of ``names`` in ``folder`` to ``NAME.yours`` (a free name), saying so: kept, but not read."""
+    for name in names:
+        kept = next(f"{name}.yours{n or ''}" for n in range(1000) if not (folder / f"{name}.yours{n or ''}").exists())
+        os.replace(folder / name, folder / kept)
+        print(f"kept your {folder / name} as {kept} (the new tokenizer would read it)", file=sys.stderr)
+
+
 def check_own_files(folder: str | os.PathLike, names: Sequence[str], overwrite: bool = False,
                     option: str = "overwrite=True") -> None:
     """Raise `ModelFolderExistsError` naming the first of ``names`` (files a model is about to write) that exists
-    in ``folder`` and was not written by this library (or is a symlink), unless ``overwrite``."""
+    in ``folder`` and was not written by this library (or is a symlink), or a file of the user's that the new
+    tokenizer would read (`tokenizer_strays`), unless ``overwrite``."""
     folder = output_folder(folder)
     if overwrite or not folder.is_dir():
         return
+    strays = tokenizer_strays(folder, names)
+    if strays:  # read beside the new tokenizer's own files, it would break or change it
+        raise ModelFolderExistsError(f"{folder / strays[0]} is yours (not written by hf_clusterformer), and the new "
+                                     f"tokenizer would read it; move it away, or pass {option} to keep it as "
+                                     f"{strays[0]}.yours.")
     foreign = _foreign(folder, names, library_files(folder))
     if foreign:
         name = foreign[0]
@@ -432,8 +427,10 @@ def writing_model_dir(
                     if isinstance(error, KeyboardInterrupt) and not isinstance(error, WriteInterrupted):
                         raise WriteInterrupted(termination["said"]) from None
                 raise
-            check_own_files(target, [p.name for p in staging.iterdir()], overwrite, option)
+            names = [p.name for p in staging.iterdir()]
+            check_own_files(target, names, overwrite, option)
             termination["committing"] = True
+            _set_aside(target, tokenizer_strays(target, names))  # with overwrite: kept, but not read
             _put_in_place(staging, target, replace_model=overwrite and holds_model(staging))
             termination["said"] = f"interrupted after {target} was written in full (the new model)"
         finally:
@@ -624,16 +621,20 @@ def _code_files(model: Any) -> list[Path]:
     return [code / name for name in (CODE_FILES if question_answering else CODE_FILES[:2])]
 
 
-def _check_in_place(folder: Path, code: Sequence[Path], overwrite: bool, option: str) -> None:
+def _check_in_place(folder: Path, code: Sequence[Path], tokenizer: bool, overwrite: bool, option: str) -> None:
     """Before a write into ``folder`` as it is (``save_pretrained``): `ModelFolderExistsError` for a code file there
-    that the library did not write and that differs from the one to be copied (a file of the user's), unless
-    ``overwrite``; its config and weights are transformers' to replace."""
+    that the library did not write and that differs from the one to be copied (a file of the user's), or with a
+    ``tokenizer``, for a tokenizer file of the user's, unless ``overwrite`` (then those the new tokenizer does not
+    write are set aside); its config and weights are transformers' to replace."""
     folder = output_folder(folder)
-    if overwrite or not folder.is_dir():
+    if not folder.is_dir():
         return
     same = {path.name for path in code if (folder / path.name).is_file() and not (folder / path.name).is_symlink()
             and file_sha256(folder / path.name) == file_sha256(path)}
-    check_own_files(folder, [path.name for path in code if path.name not in same], overwrite, option)
+    names = [path.name for path in code if path.name not in same] + list(TOKENIZER_FILES[:2] if tokenizer else ())
+    check_own_files(folder, names, overwrite, option)
+    if tokenizer:
+        _set_aside(folder, tokenizer_strays(folder, names))
 
 
 def _write_model_files(model: Any, folder: Path, tokenizer: Any, card: Any, verify: Any, save_args: tuple,
@@ -668,7 +669,7 @@ def _write_model_files(model: Any, folder: Path, tokenizer: Any, card: Any, veri
 def write_model_folder(
     model: Any, path: str | os.PathLike, tokenizer: Any = None, card: Any = None, *, overwrite: bool = False,
     option: str = "overwrite=True", in_place: bool = False, verify: Any = None, save_args: tuple = (),
-    **save_options: Any,
+    check: bool = True, **save_options: Any,
 ) -> Path:
     """The one writer of a Cluster-Former model folder: every way of saving one ends here (``model.save_pretrained``
     and so the Trainer's checkpoints, the pipeline's ``save_pretrained``, `hf_clusterformer.hub.save_for_hub`,
@@ -682,15 +683,16 @@ def write_model_folder(
 
     A model with NaN or inf weights is refused (`ValueError`) before anything is written. The folder is written by
     `writing_model_dir` (its refusals; ``overwrite``, ``option``), or, ``in_place``, into ``path`` as it is (what
-    transformers' ``save_pretrained`` does, and a folder being written already; code files of the user's refused).
+    transformers' ``save_pretrained`` does; code and tokenizer files of the user's refused, unless ``check`` is false:
+    a folder being written already).
     """
     try:  # NaN or inf weights are never written (a Hub copy from before the check has none)
         getattr(_modeling_module(model), "check_finite", lambda model: None)(model)
     except ValueError as error:
         raise ValueError(f"nothing was written to {path}: {error}") from None
     if in_place:
-        if save_options.get("is_main_process", True):
-            _check_in_place(Path(path), _code_files(model), overwrite, option)
+        if check and save_options.get("is_main_process", True):  # unchecked: a folder this write owns (a run's)
+            _check_in_place(Path(path), _code_files(model), tokenizer is not None, overwrite, option)
         _write_model_files(model, Path(path), tokenizer, card, verify, save_args, save_options)
         return Path(path)
     with writing_model_dir(path, overwrite, option) as staging:

@@ -210,6 +210,47 @@ def test_save_pretrained_keeps_the_users_code_files_unless_overwrite(tmp_path, t
     ClusterFormerForQuestionAnswering.from_pretrained(folder)
 
 
+def test_a_stray_tokenizer_file_of_the_users_is_never_left_beside_a_new_tokenizer(work, roberta, tokenizer, capsys):
+    """Row: ``convert`` into a folder holding a stray ``added_tokens.json`` of the user's wrote a model whose tokenizer
+    could not load, and ``predict`` then showed a 25-line TypeError traceback."""
+    import hf_clusterformer
+
+    folder = work / "stray-added-tokens"
+    folder.mkdir()
+    stray = '{"<extra>": "x"}\n'
+    (folder / "added_tokens.json").write_text(stray, encoding="utf-8")
+    before = _snapshot(folder)
+    _one_line(capsys, ["convert", str(roberta), str(folder), *SMALL], "added_tokens.json", "tokenizer", "--overwrite")
+    assert _snapshot(folder) == before
+    assert main(["convert", str(roberta), str(folder), *SMALL, "--overwrite"]) == 0
+    assert "kept your" in capsys.readouterr().err
+    assert (folder / "added_tokens.json.yours").read_text(encoding="utf-8") == stray  # kept, but not read
+    assert not (folder / "added_tokens.json").exists()
+    context = work / "stray-context.txt"
+    context.write_text(CONTEXT, encoding="utf-8")
+    predict = ["predict", str(folder), "--question", QUESTION, "--context-file", str(context)]
+    assert main(predict) == 0
+    # a stray put there afterwards: predict and the pipeline say so in one line
+    (folder / "added_tokens.json").write_text(stray, encoding="utf-8")
+    _one_line(capsys, predict, f"the tokenizer of {folder} does not load", "added_tokens.json", "not the model's own")
+    with pytest.raises(ValueError, match="does not load.*added_tokens.json"):
+        hf_clusterformer.pipeline(model=str(folder))
+    # the Python writers: save_for_hub, and the pipeline's save_pretrained (into a folder as it is)
+    model = ClusterFormerForQuestionAnswering.from_pretrained(folder, max_context_length=4096)
+    for name, write in (("hub", lambda out, **kw: save_for_hub(model, tokenizer, out, **kw)),
+                        ("pipeline", lambda out, **kw: hf_clusterformer.pipeline(
+                            model=model, tokenizer=tokenizer).save_pretrained(out, **kw))):
+        out = work / f"stray-special-{name}"
+        out.mkdir()
+        (out / "special_tokens_map.json").write_text('{"mask_token": "<m>"}', encoding="utf-8")
+        with pytest.raises(ModelFolderExistsError, match="special_tokens_map.json is yours.*overwrite=True"):
+            write(out)
+        assert sorted(p.name for p in out.iterdir()) == ["special_tokens_map.json"]
+        write(out, overwrite=True)
+        assert (out / "special_tokens_map.json.yours").is_file() and not (out / "special_tokens_map.json").exists()
+        hf_clusterformer.pipeline(model=str(out))
+
+
 def test_a_converted_folder_is_what_it_was_plus_the_models_files(work, roberta):
     folder = work / "plus-only"
     (folder / "logs").mkdir(parents=True)

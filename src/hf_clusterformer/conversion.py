@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 import torch
-from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 import hf_clusterformer_heads
 from hf_clusterformer_files import check_output_dir
@@ -28,7 +28,7 @@ from .configuration_clusterformer import (
 )
 from . import modeling_clusterformer
 from .hub import save_for_hub
-from .loading import check_checkpoint_source
+from .loading import check_checkpoint_source, load_tokenizer
 from .modeling_clusterformer import (
     ClusterFormerForQuestionAnswering,
     drawn_weights,
@@ -383,10 +383,10 @@ def _conversion_tokenizer(
 ) -> PreTrainedTokenizerBase | None:
     """The tokenizer of ``tokenizer`` (which must load) or else of ``src`` (``None``, with a warning, when it has none)."""
     try:
-        return AutoTokenizer.from_pretrained(tokenizer if tokenizer is not None else src, **hub_kwargs)
-    except (OSError, ValueError, TypeError) as error:
+        return load_tokenizer(tokenizer if tokenizer is not None else src, **hub_kwargs)
+    except ValueError as error:
         if tokenizer is not None:
-            raise ValueError(f"Could not load the tokenizer from {tokenizer}: {error}") from error
+            raise
         logger.warning(f"No tokenizer loaded from {src} ({error}); the checkpoint is written without one.")
         return None
 
@@ -462,8 +462,8 @@ def load_qa_model(
         torch.manual_seed(seed)
         if source.model_type == "bert":
             try:
-                tokenizer = AutoTokenizer.from_pretrained(path, **hub_kwargs)
-            except (OSError, ValueError, TypeError):
+                tokenizer = load_tokenizer(path, **hub_kwargs)
+            except ValueError:
                 tokenizer = None
             model, new = _converted_model(path, source, tokenizer, options, hub_kwargs)
         else:

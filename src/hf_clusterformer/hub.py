@@ -185,7 +185,7 @@ def write_checkpoint(
     """`save_for_hub` into ``save_dir`` in place, over what is there (for a folder being written, such as a
     training run's own output folder)."""
     card = _hub_card(model, tokenizer, card, card_data)
-    return write_model_folder(model, save_dir, tokenizer, card, in_place=True, verify=_verify,
+    return write_model_folder(model, save_dir, tokenizer, card, in_place=True, verify=_verify, check=False,
                               max_shard_size=max_shard_size)
 
 

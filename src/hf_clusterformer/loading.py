@@ -19,7 +19,7 @@ from typing import Any
 import hf_clusterformer_heads
 import torch
 import transformers.pipelines as hf_pipelines
-from hf_clusterformer_files import check_local_source
+from hf_clusterformer_files import TOKENIZER_READS, check_local_source, library_files
 from hf_clusterformer_heads import find_head
 from transformers import AutoModelForQuestionAnswering, Pipeline
 from transformers.pipelines import PIPELINE_REGISTRY
@@ -80,6 +80,23 @@ def unreadable_weights(path: str | os.PathLike, error: Exception) -> str:
         except SafetensorError as bad:
             return f"{file} is not a readable safetensors file ({bad}); save or download the checkpoint again."
     return f"could not read the weights of {path}: {error}"
+
+
+def load_tokenizer(path: str | os.PathLike, **kwargs: Any) -> Any:
+    """``AutoTokenizer.from_pretrained(path)``; one that does not load is said in one line (`ValueError`) naming the
+    files of the user's that it read beside the model's own (a stray ``added_tokens.json``) and the fix."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path, **kwargs)
+    except Exception as error:  # a damaged tokenizer file raises whatever its parser meets (TypeError, KeyError, ...)
+        record = library_files(path) if os.path.isdir(path) else {}
+        theirs = [n for n in TOKENIZER_READS if record and n not in record and os.path.isfile(os.path.join(path, n))]
+        cause = " ".join(f"{type(error).__name__}: {error}".split())[:300]
+        suspects = f"; {', '.join(theirs)} in it {'is' if len(theirs) == 1 else 'are'} not the model's own" if theirs else ""
+        raise ValueError(f"the tokenizer of {path} does not load ({cause}){suspects}; move a stray file away, or save "
+                         "the tokenizer again (tokenizer.save_pretrained) or write the checkpoint again (`clusterformer "
+                         "convert`).") from error
 
 
 def non_finite_tensors(path: str | os.PathLike) -> list[str]:
@@ -213,7 +230,7 @@ def _load_for_pipeline(path: Any, tokenizer: Any, kwargs: dict, task: str = TASK
     except ConfigValueError as error:  # a value of its config.json that the config does not take
         raise error.at(path) from None
     mark_untrained(model, [key for key in info["missing_keys"] if ".router." not in key])
-    return model, tokenizer if tokenizer is not None else path
+    return model, tokenizer if tokenizer is not None else load_tokenizer(path, **hub)
 
 
 __all__ = [

@@ -19,7 +19,6 @@ from typing import Any, get_args, get_type_hints
 import datasets
 import torch
 from transformers import (
-    AutoTokenizer,
     DataCollatorWithPadding,
     HfArgumentParser,
     Trainer,
@@ -47,6 +46,7 @@ from .features import (
     prepare_validation_features,
 )
 from .hub import write_checkpoint
+from .loading import load_tokenizer as load_saved_tokenizer
 from .metrics import load_squad_metric
 from .modelcard import run_card_data
 from .modeling_clusterformer import (
@@ -402,7 +402,7 @@ def load_tokenizer(model: ModelArguments, data: DataArguments, raw: datasets.Dat
     (the validation split's without training data)."""
     name = model.tokenizer_name or model.model_name_or_path
     if name:
-        tokenizer = AutoTokenizer.from_pretrained(name)
+        tokenizer = load_saved_tokenizer(name)
         tokenizer.model_max_length = max(tokenizer.model_max_length or 0, data.max_seq_length or 0)
         return tokenizer
     split = raw["train"] if "train" in raw else raw["validation"]

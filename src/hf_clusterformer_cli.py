@@ -24,6 +24,8 @@ from hf_clusterformer_cli_support import (
     OneLineParser,
     add_option_flags,
     convert_command,
+    expand_home,
+    expand_home_options,
 )
 from hf_clusterformer_files import TOKENIZER_FILES, check_local_source
 from hf_clusterformer_heads import architectures_task, find_head, head_tasks
@@ -372,6 +374,9 @@ def _quiet_export(verbose: bool) -> Iterator[None]:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
+    if args.out.endswith(("/", os.sep)) and not os.path.isdir(args.out):  # a folder was meant
+        raise CommandError(f"OUT {args.out} ends in /, so it names a folder; give the file to write, e.g. "
+                           f"{args.out}model.onnx or {args.out}model.pt2.")
     check_model_path(args.model, "MODEL_DIR")
     from hf_clusterformer.export import ExportError, export_format, export_model
 
@@ -603,6 +608,8 @@ def main(argv: list[str] | None = None) -> int:
     quiet = any(token in ("-q", "--quiet") for token in argv)
     argv = [token for token in argv if token not in ("-v", "--verbose", "-q", "--quiet")]
     try:
+        if argv and argv[0] in ("train", "evaluate"):  # run_qa's parser: a quoted ~ in a path option expanded here
+            argv = [argv[0], *expand_home_options(argv[1:])]
         if argv and argv[0] in ("train", "evaluate"):
             training_help = "--help-training" in argv[1:]
             if training_help or "-h" in argv[1:] or "--help" in argv[1:]:
@@ -621,6 +628,9 @@ def main(argv: list[str] | None = None) -> int:
         handler = {"predict": _cmd_predict, "inspect": _cmd_inspect, "convert": _cmd_convert, "push": _cmd_push,
                    "export": _cmd_export}
         args.verbose = verbose
+        for name in ("model", "source", "output_dir", "out", "checkpoint", "context_file", "plot"):
+            if isinstance(getattr(args, name, None), str):  # a quoted ~ (a script's) as the shell would expand it
+                setattr(args, name, expand_home(getattr(args, name)))
         check_usage(args)
         with _quiet(verbose):
             return handler[args.command](args)

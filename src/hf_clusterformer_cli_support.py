@@ -11,6 +11,7 @@ generator imports it without importing the command.
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NoReturn
 
@@ -22,6 +23,8 @@ __all__ = [
     "OneLineParser",
     "add_option_flags",
     "convert_command",
+    "expand_home",
+    "expand_home_options",
 ]
 
 #: Most context tokens a converted or loaded model may be set to take: 16M tokens, far beyond what one forward pass
@@ -41,6 +44,36 @@ def convert_command(path: object, architectures: Iterable[str] | None) -> str:
 
 class CommandError(Exception):
     """A user error the command reports in one line (exit status 2)."""
+
+
+def expand_home(path: str | None) -> str | None:
+    """``path`` with a leading ``~`` or ``~user`` expanded, as the shell does for an unquoted path (a quoted one in a
+    script reaches the command as it is); `CommandError` when there is no such home folder."""
+    if not path or not path.startswith("~"):
+        return path
+    expanded = os.path.expanduser(path)
+    if expanded.startswith("~"):
+        raise CommandError(f"{path}: there is no home folder {path.split('/')[0]}; give the full path.")
+    return expanded
+
+
+#: The command's options that name a file or folder (``~`` in them is expanded: `expand_home`).
+PATH_OPTIONS = ("model_name_or_path", "tokenizer_name", "train_file", "validation_file", "output_dir",
+                "resume_from_checkpoint", "spec", "config", "results", "out", "plot", "context_file")
+
+
+def expand_home_options(argv: list[str]) -> list[str]:
+    """``argv`` with `expand_home` applied to the values of `PATH_OPTIONS` (``--name value`` or ``--name=value``,
+    dashes or underscores)."""
+    names = {f"--{name}" for option in PATH_OPTIONS for name in (option, option.replace("_", "-"))}
+    result = list(argv)
+    for index, token in enumerate(result):
+        option, equals, value = token.partition("=")
+        if option in names and equals:
+            result[index] = f"{option}={expand_home(value)}"
+        elif index and result[index - 1] in names and not token.startswith("-"):
+            result[index] = expand_home(token)
+    return result
 
 
 class OneLineParser(argparse.ArgumentParser):

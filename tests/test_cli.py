@@ -654,3 +654,35 @@ def test_model_options_are_the_configs_fields_and_the_layer_kind_shortcuts(capsy
     for option in options.values():
         assert "--" + option.name.replace("_", "-") in out
     assert "(default: 224)" in out and "(default: 131072)" in out
+
+
+def test_a_quoted_home_folder_and_a_folder_meant_by_a_trailing_slash(roberta_qa, model_dir, context, tmp_path,
+                                                                     monkeypatch, capsys):
+    """Rows: ``convert SRC "~/cfhome"`` (quoted, as in a script) wrote a literal ``./~/cfhome``; ``export MODEL out/``
+    wrote an ONNX file named ``out``; ``card --out cards/`` wrote a file named ``cards``. A leading ``~`` is expanded
+    as the shell would, a path ending in / is a folder."""
+    from hf_clusterformer_cli_support import expand_home_options
+
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir()
+    cwd.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    small = ["--cluster-layers", "1", "--num-clusters", "4", "--window-size", "32", "--window-stride", "24",
+             "--max-question-length", "16"]
+    assert main(["convert", str(roberta_qa), "~/cfhome", *small]) == 0
+    assert capsys.readouterr().out.startswith(f"wrote {home / 'cfhome'}, ")
+    assert (home / "cfhome" / "config.json").is_file() and not (cwd / "~").exists()
+    assert main(["predict", "~/cfhome", "--question", QUESTION, "--context-file", str(context[0])]) == 0
+    assert main(["card", "~/cfhome", "--out", "~/cards/"]) == 0
+    assert (home / "cards" / "README.md").is_file()
+    capsys.readouterr()
+    assert main(["export", str(model_dir), "out/"]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line == ("clusterformer: error: OUT out/ ends in /, so it names a folder; give the file to write, e.g. "
+                    "out/model.onnx or out/model.pt2.")
+    assert not (cwd / "out").exists()
+    assert main(["convert", str(roberta_qa), "~nosuchuser-cf/out"]) == 2
+    assert "there is no home folder ~nosuchuser-cf; give the full path" in capsys.readouterr().err
+    assert expand_home_options(["--output_dir", "~/run", "--train-file=~/t.json", "--question", "~/q"]) == [
+        "--output_dir", f"{home}/run", f"--train-file={home}/t.json", "--question", "~/q"]

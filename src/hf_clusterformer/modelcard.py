@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hf_clusterformer_cli_support import CommandError, OneLineParser, convert_command
+from hf_clusterformer_cli_support import CommandError, OneLineParser, convert_command, expand_home, expand_home_options
 from hf_clusterformer_files import GENERATED_MARK, card_state, owned_by_model, stamp_card, write_file
 from hf_clusterformer_heads import architectures_task, find_head, head_tasks
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
@@ -477,8 +477,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m hf_clusterfor
     parser.add_argument("--out", help="README.md path or directory (default: the checkpoint's README.md)")
     parser.add_argument("--overwrite", action="store_true", help="replace a checkpoint's differing README.md")
     label = "clusterformer" if prog.startswith("clusterformer") else prog
-    try:
-        args = parser.parse_args(argv)
+    try:  # a quoted ~ (a script's) expanded as the shell would
+        args = parser.parse_args(expand_home_options(list(sys.argv[1:] if argv is None else argv)))
+        args.checkpoint = expand_home(args.checkpoint)
         return _write_card(args, parser)
     except CommandError as error:
         message = str(error)
@@ -536,7 +537,7 @@ def _write_card(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         parser.error("give a checkpoint directory, --spec or --config")
     card = stamp_card(str(card_from_spec(spec)))
     out = Path(args.out)
-    if out.is_dir():
+    if out.is_dir() or args.out.endswith(("/", os.sep)):  # a folder (one that does not exist yet: a trailing /)
         out = out / "README.md"
     if args.check:
         current = out.read_text(encoding="utf-8") if out.exists() else ""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -274,6 +275,42 @@ def test_another_heads_pipeline_on_a_folder_says_its_head_is_untrained(converted
     assert len(said) == 1 and said[0].startswith("ClusterFormerForMaskedLM: the checkpoint has no weights for lm_head.")
     assert "fine-tune it first" in said[0]
     assert any(name.startswith("lm_head.") for name in untrained_weights(fill.model))
+
+
+def test_loading_says_what_it_drew_in_one_line_without_transformers_tables(converted, roberta, tmp_path):
+    """Row: ``from_pretrained`` printed transformers' load-report tables (MISSING centroids when a RoBERTa checkpoint
+    loads, UNEXPECTED/MISSING rows and a "seem corrupted" tie note when another head loads from a converted folder)
+    beside this package's own line. The table shows where it says more: encoder weights the checkpoint lacks."""
+    from safetensors.torch import save_file
+
+    lacking = tmp_path / "lacking"  # a converted folder missing one encoder tensor
+    shutil.copytree(converted, lacking)
+    tensors = load_file(lacking / "model.safetensors")
+    del tensors["roberta.encoder.layer.0.output.dense.bias"]
+    save_file(tensors, lacking / "model.safetensors", metadata={"format": "pt"})
+    code = """
+import sys
+import hf_clusterformer
+from transformers import AutoModelForMaskedLM
+from hf_clusterformer import ClusterFormerForQuestionAnswering, ClusterFormerForSequenceClassification
+roberta, converted, lacking = sys.argv[1:4]
+ClusterFormerForQuestionAnswering.from_pretrained(roberta, cluster_layers=[1], num_clusters=4)
+AutoModelForMaskedLM.from_pretrained(converted)
+ClusterFormerForSequenceClassification.from_pretrained(converted, num_labels=3)
+print("--- lacking", file=sys.stderr, flush=True)
+ClusterFormerForQuestionAnswering.from_pretrained(lacking)
+"""
+    env = dict(CHILD_ENV, HF_HUB_DISABLE_PROGRESS_BARS="1")
+    result = subprocess.run([sys.executable, "-c", code, str(roberta), str(converted), str(lacking)],
+                            capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    quiet, lacking_said = result.stderr.split("--- lacking")
+    lines = [line for line in quiet.splitlines() if line.strip()]
+    assert [line.split(":")[0] for line in lines] == [  # the encoder's new QA head, the heads a QA folder lacks
+        "ClusterFormerForQuestionAnswering", "ClusterFormerForMaskedLM", "ClusterFormerForSequenceClassification"], quiet
+    assert all("drawn at random" in line for line in lines)
+    assert "LOAD REPORT" in lacking_said and "roberta.encoder.layer.0.output.dense.bias" in lacking_said
+    assert "auto_map" not in json.loads((converted / "tokenizer_config.json").read_text(encoding="utf-8"))
 
 
 def test_card_regenerates_its_own_card_and_keeps_a_hand_written_one(converted, capsys):

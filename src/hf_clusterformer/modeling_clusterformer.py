@@ -1129,6 +1129,40 @@ def drawn_weights(keys) -> list[str]:
     return [key for key in keys if not any(part in key for part in DESIGNED_STARTS)]
 
 
+class _HeldLoadReport:
+    """A filter of transformers' loading logger that holds back its load report (and its note on tied weights that a
+    drawn head lacks) of one ``from_pretrained``, so that it shows only where this file says less (`release`)."""
+
+    def __init__(self):
+        self.logger, self.held = logging.get_logger("transformers.modeling_utils"), []
+
+    def filter(self, record) -> bool:
+        message = record.getMessage()
+        if "LOAD REPORT" in message or "seem corrupted. The tied weights" in message:
+            self.held.append(record)
+            return False
+        return True
+
+    def __enter__(self) -> "_HeldLoadReport":
+        if self.logger.getEffectiveLevel() > logging.INFO:  # asked for details (-v, info): the report as it is
+            self.logger.addFilter(self)
+        return self
+
+    def __exit__(self, kind, *exc) -> None:
+        self.logger.removeFilter(self)
+        if kind is not None:
+            self.release()
+
+    def release(self, info: dict | None = None, prefix: str = "") -> None:
+        """Let the held report through, unless ``info`` (the load's) holds only what this file says itself: weights
+        drawn for a head (`_record_new_weights`), router buffers (`DESIGNED_STARTS`) and another head's weights."""
+        if info is not None and not info.get("mismatched_keys") and not any(
+                key.startswith(f"{prefix}.") for key in drawn_weights(info.get("missing_keys", ()))):
+            return
+        for record in self.held:
+            self.logger.handle(record)
+
+
 def _record_new_weights(model: nn.Module, missing_keys) -> None:
     """Record the parameters `from_pretrained` initialised because the checkpoint lacks them (`drawn_weights`)
     as untrained in ``model.config`` (`mark_untrained`), with those recorded before that are still untrained, so that
@@ -1199,7 +1233,9 @@ class ClusterFormerPreTrainedModel(RobertaPreTrainedModel):
                 raise error.at(args[0]) from None
         kwargs["key_mapping"] = {**LEGACY_KEY_MAPPING, **(kwargs.get("key_mapping") or {})}
         loading_info = kwargs.get("output_loading_info", False)
-        model, info = super().from_pretrained(*args, **{**kwargs, "output_loading_info": True})
+        with _HeldLoadReport() as report:  # transformers' table only where the one-line note below says less
+            model, info = super().from_pretrained(*args, **{**kwargs, "output_loading_info": True})
+        report.release(info, model.base_model_prefix)
         # transformers saves a model with the reverse of the renames it was loaded with: the legacy one is load-only
         conversions = getattr(model, "_weight_conversions", None)
         if conversions:

@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import sys
 import time
 from collections import Counter
@@ -28,7 +29,17 @@ from hf_clusterformer_cli_support import (
     expand_home_options,
 )
 from hf_clusterformer_files import TOKENIZER_FILES, check_local_source
-from hf_clusterformer_heads import architectures_task, find_head, head_tasks
+from hf_clusterformer_heads import HEADS, architectures_task, find_head, head_tasks
+
+
+#: What the running command has finished writing (``{"done": ..., "pending": ...}``): a Ctrl-C that comes after the
+#: output is complete ends the command with status 0 (`main`), saying so, or names what did not finish.
+_PROGRESS: dict[str, str | None] = {"done": None, "pending": None}
+
+
+def _finished(what: str | None, pending: str | None = None) -> None:
+    """Record that ``what`` is complete on disk (and ``pending``, what the command still does after it)."""
+    _PROGRESS.update(done=what, pending=pending)
 
 
 def _positive_int(value: str) -> int:
@@ -303,7 +314,9 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     print(report.format(max_clusters=args.max_clusters))
     if args.plot:
         try:
-            print(f"plot written to {report.plot(args.plot, overwrite=args.overwrite)}")
+            plot = report.plot(args.plot, overwrite=args.overwrite)
+            _finished(f"{plot} was written")
+            print(f"plot written to {plot}")
         except ImportError as error:
             raise CommandError(f"--plot {args.plot}: {error}") from error
     return 0
@@ -342,6 +355,9 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         raise CommandError(f"could not convert {args.source}: {error}") from error
     config = converted.config
     task = find_head(converted.task).task
+    _finished(f"{converted.path} was written in full",
+              f"the push to {args.push_to} did not finish; run `clusterformer push {converted.path} {args.push_to}`"
+              if args.push_to else None)
     print(f"wrote {converted.path}, a {task} model, from a {converted.source_type} checkpoint (layers "
           f"{config.layer_kinds}, {config.num_clusters} clusters, windows {config.window_size}/{config.window_stride})")
     if converted.newly_initialized:
@@ -388,6 +404,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
         raise CommandError(str(error).replace("allow_untrained=True (--allow-untrained)", "--allow-untrained")
                            .replace("overwrite=True (--overwrite)", "--overwrite")) from error
     kind = args.format or export_format(out)
+    _finished(f"{out} was written in full")
     print(f"wrote {out} ({kind}{', int8 weights' if args.quantize else ''}: dynamic batch and length); run it with "
           f"hf_clusterformer.export.load_exported({str(out)!r})")
     return 0
@@ -439,6 +456,7 @@ def _push(checkpoint: str, repo_id: str, private: bool = False, message: str | N
     except (OSError, httpx.HTTPError) as error:  # unreachable, or the connection dropped during the upload
         raise CommandError(f"cannot push {target}: {error}; check the network or HF_ENDPOINT.") from error
     commit = getattr(info, "oid", info)
+    _finished(f"{target} was pushed (commit {commit})")
     print(f"pushed {target}: commit {commit}; pin it where the code is loaded remotely: "
           f"from_pretrained({repo_id!r}, trust_remote_code=True, revision={str(commit)!r})")
     skipped = Counter(name.split("/")[0] + ("/" if "/" in name else "") for name in hub_files(checkpoint)[1])
@@ -518,9 +536,11 @@ def _add_convert(commands: argparse._SubParsersAction, model_options: bool) -> N
     convert.add_argument("--overwrite", action="store_true",
                          help="replace a model already in OUTPUT_DIR, and files of yours with a model file's name (other "
                          "files are kept)")
-    convert.add_argument("--task", choices=head_tasks(), default=None,
-                         help="the head to build (default: a Cluster-Former source's own, else question-answering); a "
-                              "head the source lacks is new: it needs --allow-untrained")
+    keys = [head.key for head in HEADS if head.key not in head_tasks()]
+    convert.add_argument("--task", choices=[*head_tasks(), *keys], default=None,
+                         help="the head to build, by its pipeline task or its key (" + ", ".join(keys) + "; default: a "
+                              "Cluster-Former source's own, else question-answering); a head the source lacks is new: "
+                              "it needs --allow-untrained")
     convert.add_argument("--allow-untrained", action="store_true",
                          help="build a head the source lacks (or holds untrained): new weights, to fine-tune")
     convert.add_argument("--seed", type=int, default=0, help="seed of the newly initialised weights (default: %(default)s)")
@@ -603,14 +623,22 @@ def _quiet(verbose: bool, datasets_bars: bool = False) -> Iterator[None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """The command; ``argv`` defaults to the process's (the console script, which also ignores a Ctrl-C that comes
+    while the process ends after a complete output)."""
+    _finished(None)
+    code = _main(list(sys.argv[1:] if argv is None else argv))
+    if argv is None and _PROGRESS["done"] is not None and _PROGRESS["pending"] is None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return code
+
+
+def _main(argv: list[str]) -> int:
     verbose = any(token in ("-v", "--verbose") for token in argv)
     quiet = any(token in ("-q", "--quiet") for token in argv)
     argv = [token for token in argv if token not in ("-v", "--verbose", "-q", "--quiet")]
     try:
-        if argv and argv[0] in ("train", "evaluate"):  # run_qa's parser: a quoted ~ in a path option expanded here
-            argv = [argv[0], *expand_home_options(argv[1:])]
         if argv and argv[0] in ("train", "evaluate"):
+            argv = [argv[0], *expand_home_options(argv[1:])]  # run_qa's parser: a quoted ~ in a path option
             training_help = "--help-training" in argv[1:]
             if training_help or "-h" in argv[1:] or "--help" in argv[1:]:
                 from hf_clusterformer.qa_training import print_help
@@ -638,6 +666,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"clusterformer: error: {' '.join(str(error).split())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as error:  # a write says what the folder holds now; elsewhere nothing was written
+        done, pending = _PROGRESS["done"], _PROGRESS["pending"]
+        if done is not None:  # after the output was complete: nothing is lost, unless more was to come
+            print(f"clusterformer: interrupted after {done}" + (f"; {pending}" if pending else ""), file=sys.stderr)
+            return 130 if pending else 0
         print(f"clusterformer: {' '.join(str(error).split()) or 'interrupted; nothing was written'}", file=sys.stderr)
         return 130
 

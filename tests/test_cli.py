@@ -686,3 +686,17 @@ def test_a_quoted_home_folder_and_a_folder_meant_by_a_trailing_slash(roberta_qa,
     assert "there is no home folder ~nosuchuser-cf; give the full path" in capsys.readouterr().err
     assert expand_home_options(["--output_dir", "~/run", "--train-file=~/t.json", "--question", "~/q"]) == [
         "--output_dir", f"{home}/run", f"--train-file={home}/t.json", "--question", "~/q"]
+
+
+def test_convert_and_the_pipeline_take_a_heads_key_as_its_task(roberta_qa, model_dir, workdir, capsys):
+    """Row: ``clusterformer convert --task qa`` was refused although conversion takes either name (the pipeline task
+    or the library's key)."""
+    small = ["--cluster-layers", "1", "--num-clusters", "4", "--window-size", "32", "--window-stride", "24",
+             "--max-question-length", "16"]
+    assert main(["convert", str(roberta_qa), str(workdir / "by-key-qa"), "--task", "qa", *small]) == 0
+    assert ", a question-answering model, " in capsys.readouterr().out
+    assert main(["convert", str(roberta_qa), str(workdir / "by-key-mlm"), "--task", "mlm", "--allow-untrained",
+                 *small]) == 0
+    assert ", a fill-mask model, " in capsys.readouterr().out
+    assert type(hf_clusterformer.pipeline(model=str(model_dir), task="qa")).__name__ == (
+        "ClusterFormerQuestionAnsweringPipeline")

@@ -412,6 +412,27 @@ def test_ctrl_c_of_a_training_run_is_one_line_and_keeps_its_checkpoints(work, tm
     assert not list(out.glob(".clusterformer-write-*"))
 
 
+def test_ctrl_c_after_the_command_said_wrote_ends_it_with_status_0(work, roberta, tmp_path):
+    """Row: a SIGINT after ``convert`` printed "wrote DIR" exited 130, saying "nothing was written", although the
+    complete model was on disk."""
+    out = tmp_path / "converted"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "hf_clusterformer_cli", "convert", str(roberta), str(out), *SMALL],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=CHILD_ENV, stdin=subprocess.DEVNULL,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        said = process.stdout.readline()
+        assert said.startswith(f"wrote {out}, "), said
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+        process.wait()
+    assert process.returncode == 0, err[-2000:]
+    assert err.strip() in ("", f"clusterformer: interrupted after {out} was written in full"), err[-2000:]
+    ClusterFormerForQuestionAnswering.from_pretrained(out)
+
+
 # -- 8. pipelines of every head: the model's limit, never a silent cut, the folder's own head, finite weights -------------
 
 

@@ -175,6 +175,7 @@ def pipeline(model: Any = None, tokenizer: Any = None, task: str = TASK, **kwarg
     from transformers import pipeline as make_pipeline
 
     task = hf_pipelines.TASK_ALIASES.get(task, task)
+    task = getattr(find_head(task), "task", task)  # a head's key (qa, mlm, ...) as its pipeline task
     if task == TASK:
         register_pipeline()
     elif task not in _whole_text_tasks():

@@ -235,6 +235,9 @@ def test_a_stray_tokenizer_file_of_the_users_is_never_left_beside_a_new_tokenize
     _one_line(capsys, predict, f"the tokenizer of {folder} does not load", "added_tokens.json", "not the model's own")
     with pytest.raises(ValueError, match="does not load.*added_tokens.json"):
         hf_clusterformer.pipeline(model=str(folder))
+    # converting from it: refused, rather than a model written without its tokenizer
+    _one_line(capsys, ["convert", str(folder), str(work / "from-stray")], "does not load", "added_tokens.json")
+    assert not (work / "from-stray").exists()
     # the Python writers: save_for_hub, and the pipeline's save_pretrained (into a folder as it is)
     model = ClusterFormerForQuestionAnswering.from_pretrained(folder, max_context_length=4096)
     for name, write in (("hub", lambda out, **kw: save_for_hub(model, tokenizer, out, **kw)),

@@ -17,7 +17,7 @@ import torch
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 import hf_clusterformer_heads
-from hf_clusterformer_files import check_output_dir
+from hf_clusterformer_files import TOKENIZER_FILES, check_output_dir
 from hf_clusterformer_heads import Head, architectures_task, find_head
 
 from .configuration_clusterformer import (
@@ -217,7 +217,7 @@ def convert_checkpoint(
         dst: output directory, written by `save_for_hub`.
         num_hidden_layers: keep only the first this many encoder layers (a shallower, faster model).
         tokenizer: where to load the tokenizer from (default ``src``; a missing tokenizer there is skipped with a
-            warning, one named here must load).
+            warning, one whose files are there or one named here must load).
         card_data: extra `make_model_card` arguments; ``base_model`` defaults to ``src`` when it is a Hub id.
         revision, token: for loading ``src`` from the Hub.
         overwrite: replace a model already in ``dst`` (see `save_for_hub`); without it such a folder is refused
@@ -381,12 +381,13 @@ def _auto_config(src: str | os.PathLike, hub_kwargs: dict[str, Any]) -> Pretrain
 def _conversion_tokenizer(
     src: str | os.PathLike, tokenizer: str | os.PathLike | None, hub_kwargs: dict[str, Any]
 ) -> PreTrainedTokenizerBase | None:
-    """The tokenizer of ``tokenizer`` (which must load) or else of ``src`` (``None``, with a warning, when it has none)."""
+    """The tokenizer of ``tokenizer`` (which must load) or else of ``src`` (``None``, with a warning, when it has none;
+    one whose files are there must load)."""
     try:
         return load_tokenizer(tokenizer if tokenizer is not None else src, **hub_kwargs)
     except ValueError as error:
-        if tokenizer is not None:
-            raise
+        if tokenizer is not None or any(os.path.isfile(os.path.join(src, name)) for name in TOKENIZER_FILES):
+            raise  # one named, or one whose files are there, must load: a model is never written without it
         logger.warning(f"No tokenizer loaded from {src} ({error}); the checkpoint is written without one.")
         return None
 

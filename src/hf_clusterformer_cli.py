@@ -538,9 +538,9 @@ def _add_convert(commands: argparse._SubParsersAction, model_options: bool) -> N
                          "files are kept)")
     keys = [head.key for head in HEADS if head.key not in head_tasks()]
     convert.add_argument("--task", choices=[*head_tasks(), *keys], default=None,
-                         help="the head to build, by its pipeline task or its key (" + ", ".join(keys) + "; default: a "
-                              "Cluster-Former source's own, else question-answering); a head the source lacks is new: "
-                              "it needs --allow-untrained")
+                         help="the head to build, by its pipeline task or its key (" + ", ".join(keys) + "; default: "
+                              "a Cluster-Former source's own, else question-answering); a head the source lacks is "
+                              "new: it needs --allow-untrained")
     convert.add_argument("--allow-untrained", action="store_true",
                          help="build a head the source lacks (or holds untrained): new weights, to fine-tune")
     convert.add_argument("--seed", type=int, default=0, help="seed of the newly initialised weights (default: %(default)s)")

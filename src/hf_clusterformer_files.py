@@ -48,7 +48,8 @@ RESULT_FILES = ("all_results.json", "eval_predictions.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "spiece.model",
                    "sentencepiece.bpe.model", "tokenizer.model")
 #: Every file a tokenizer's loader reads from a model folder: one given a new tokenizer keeps no other of these.
-TOKENIZER_READS = (*TOKENIZER_FILES, "merges.txt", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja")
+TOKENIZER_READS = (*TOKENIZER_FILES, "merges.txt", "special_tokens_map.json", "added_tokens.json",
+                   "chat_template.jinja")
 #: Files whose presence makes a folder hold a model (its config or weights).
 MODEL_MARKER_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 #: Names of the files a saved model or its run owns (config, weights, tokenizer, code, card, records): what
@@ -295,9 +296,8 @@ def _foreign(folder: Path, names: Sequence[str], record: dict[str, str]) -> list
 def tokenizer_strays(folder: str | os.PathLike, names: Sequence[str]) -> list[str]:
     """The files of ``folder`` that a tokenizer's loader would read beside a new tokenizer (``names``: the files being
     written, with a tokenizer's among them) and that are not this library's own (`TOKENIZER_READS`)."""
-    if not set(names) & set(TOKENIZER_FILES):
-        return []
-    return _foreign(output_folder(folder), [n for n in TOKENIZER_READS if n not in names], library_files(folder))
+    reads = [n for n in TOKENIZER_READS if n not in names] if set(names) & set(TOKENIZER_FILES) else []
+    return _foreign(output_folder(folder), reads, library_files(folder)) if reads else []
 
 
 def _set_aside(folder: Path, names: Sequence[str]) -> None:

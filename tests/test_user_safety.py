@@ -307,7 +307,8 @@ ClusterFormerForQuestionAnswering.from_pretrained(lacking)
     quiet, lacking_said = result.stderr.split("--- lacking")
     lines = [line for line in quiet.splitlines() if line.strip()]
     assert [line.split(":")[0] for line in lines] == [  # the encoder's new QA head, the heads a QA folder lacks
-        "ClusterFormerForQuestionAnswering", "ClusterFormerForMaskedLM", "ClusterFormerForSequenceClassification"], quiet
+        "ClusterFormerForQuestionAnswering", "ClusterFormerForMaskedLM",
+        "ClusterFormerForSequenceClassification"], quiet
     assert all("drawn at random" in line for line in lines)
     assert "LOAD REPORT" in lacking_said and "roberta.encoder.layer.0.output.dense.bias" in lacking_said
     assert "auto_map" not in json.loads((converted / "tokenizer_config.json").read_text(encoding="utf-8"))

@@ -93,10 +93,11 @@ def load_tokenizer(path: str | os.PathLike, **kwargs: Any) -> Any:
         record = library_files(path) if os.path.isdir(path) else {}
         theirs = [n for n in TOKENIZER_READS if record and n not in record and os.path.isfile(os.path.join(path, n))]
         cause = " ".join(f"{type(error).__name__}: {error}".split())[:300]
-        suspects = f"; {', '.join(theirs)} in it {'is' if len(theirs) == 1 else 'are'} not the model's own" if theirs else ""
+        verb = "is" if len(theirs) == 1 else "are"
+        suspects = f"; {', '.join(theirs)} in it {verb} not the model's own" if theirs else ""
         raise ValueError(f"the tokenizer of {path} does not load ({cause}){suspects}; move a stray file away, or save "
-                         "the tokenizer again (tokenizer.save_pretrained) or write the checkpoint again (`clusterformer "
-                         "convert`).") from error
+                         "the tokenizer again (tokenizer.save_pretrained) or write the checkpoint again "
+                         "(`clusterformer convert`).") from error
 
 
 def non_finite_tensors(path: str | os.PathLike) -> list[str]:

@@ -522,8 +522,8 @@ def load_model(path: Path, study: Study, training: bool = False, **options) -> C
     stage B's training (``training``) with gradient checkpointing when ``--gradient_checkpointing``."""
     with quiet_loading():
         model = ClusterFormerForQuestionAnswering.from_pretrained(path, **options)
-    if training and study.args.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+    if training and study.args.gradient_checkpointing:  # transformers' newer name first, the older one before it
+        (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
     return model.to(study.device).train()
 
 

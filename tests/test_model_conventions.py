@@ -164,6 +164,51 @@ def test_layer_kinds_is_the_one_stored_list_and_the_shortcuts_are_constructor_ar
     assert ClusterFormerConfig.from_pretrained(tmp_path, cluster_layers=[]).layer_kinds == ["sliding"] * 4
 
 
+def test_every_override_spelling_of_the_kinds_applies_over_the_stored_ones(tmp_path):
+    """``from_pretrained`` takes ``layer_kinds``, its former name ``layer_types`` and the shortcuts as overrides: the
+    full list replaces the stored one, the shortcuts keep what they leave out; a depth override keeps the kinds within
+    it. The kinds of every model kind come from the one `LayerKind` (each with its layer class)."""
+    from typing import get_args
+
+    from hf_clusterformer.configuration_clusterformer import LAYER_TYPES, LayerKind
+    from hf_clusterformer.modeling_clusterformer import LAYER_CLASSES
+
+    assert LAYER_TYPES == get_args(LayerKind) and set(LAYER_CLASSES) == set(LAYER_TYPES)
+    tiny_config(**ALL_TYPES).save_pretrained(tmp_path)
+    load = ClusterFormerConfig.from_pretrained
+    assert load(tmp_path, layer_kinds=["sliding"] * 4).layer_kinds == ["sliding"] * 4
+    assert load(tmp_path, layer_types=["sliding", "lsh", "sliding", "lsh"]).layer_kinds == ["sliding", "lsh", "sliding", "lsh"]
+    assert load(tmp_path, cluster_layers=[1, 2]).layer_kinds == ["sliding", "cluster", "cluster", "sliding"]  # new places
+    assert load(tmp_path, num_hidden_layers=2).layer_kinds == ["sliding", "cluster"]
+    assert load(tmp_path, num_hidden_layers=6, global_layer_type="sparse").layer_kinds == ["sliding", *["sparse"] * 3, "sliding", "sliding"]
+    with pytest.raises(ValueError, match=r"^cluster_layers holds 9, outside the 4 encoder layers \(0\.\.3\)\.$"):
+        load(tmp_path, cluster_layers=[9])
+    with pytest.raises(ValueError, match="^layer_kinds lists 2 kinds for 4 encoder layers; give one per layer.$"):
+        load(tmp_path, layer_kinds=["sliding", "lsh"])
+
+
+def test_a_value_out_of_range_is_one_line_naming_the_field_when_given_or_set():
+    """The fields' validators (transformers' and the context bound) refuse a value as it is set, in the constructor or
+    afterwards, in one line naming the field; a value of the wrong type stays @strict's refusal."""
+    cases = {"window_size": 0, "num_clusters": -1, "max_question_length": 0, "hidden_size": 0, "num_hidden_layers": 0,
+             "max_context_length": 1 << 30, "hidden_act": "bogus"}
+    for name, value in cases.items():
+        for attempt in (lambda: ClusterFormerConfig(**{name: value}), lambda: setattr(tiny_config(), name, value)):
+            with pytest.raises(ValueError) as raised:
+                attempt()
+            message = str(raised.value)
+            assert type(raised.value) is ValueError and message.startswith(f"{name} ") and "\n" not in message, message
+    assert "gelu" in message  # the activations transformers knows
+    with pytest.raises(ValueError, match=r"^num_clusters must be a positive integer, got 0\.$"):
+        tiny_config().num_clusters = 0
+    with pytest.raises(ValueError, match=r"^dtype 'float99' is no torch dtype; use float32, float16 or bfloat16\.$"):
+        ClusterFormerConfig(dtype="float99")
+    with pytest.raises(ValueError, match=r"^auto_map must be an object"):
+        ClusterFormerConfig(auto_map=["x"])
+    with pytest.raises(StrictDataclassError, match="window_size"):
+        ClusterFormerConfig(window_size="many")
+
+
 @pytest.mark.parametrize("layout", ["shortcuts", "layer_types", "layer_kinds"])
 def test_a_config_json_of_every_layout_loads_the_same_layer_kinds(layout, tmp_path):
     """config.json as each earlier layout stored the kinds (``cluster_layers`` + ``global_layer_type``; ``layer_types``;

@@ -17,15 +17,7 @@ from typing import Any, NoReturn
 
 from hf_clusterformer_heads import architectures_task
 
-__all__ = [
-    "MAX_CONTEXT_LENGTH",
-    "CommandError",
-    "OneLineParser",
-    "add_option_flags",
-    "convert_command",
-    "expand_home",
-    "expand_home_options",
-]
+__all__: list[str] = []  # the command's own helpers: nothing users call
 
 #: Most context tokens a converted or loaded model may be set to take: 16M tokens, far beyond what one forward pass
 #: fits in memory (``max_context_length``; here so that the command's usage errors need no torch).

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["HEADS", "Head", "architectures_task", "find_head", "head_tasks"]
+__all__ = ["HEADS", "Head"]
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import tomllib
 from pathlib import Path
 
 import grimp
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = ROOT / "pyproject.toml"
@@ -180,3 +181,65 @@ def test_functions_and_modules_stay_readable():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
                 long_functions.append(f"{path.relative_to(SRC)}:{node.lineno} {node.name}")
     assert long_functions == [] and long_modules == []
+
+
+#: Most names one module's ``__all__`` lists, and all of the library's lists together: what users call, not helpers.
+MOST_IN_ONE_ALL, MOST_IN_ALL_LISTS = 20, 100
+#: Modules whose ``__all__`` is left to a change of their own (counted in neither limit until then).
+ALL_LISTS_PENDING = {"hf_clusterformer_files"}
+
+
+def _library_modules() -> list[str]:
+    """Every module of the library by name: the package, its modules and subpackages, the top-level modules."""
+    names = []
+    for path in sorted(SRC.rglob("*.py")):
+        parts = path.relative_to(SRC).with_suffix("").parts
+        names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
+
+
+def test_all_lists_name_only_what_users_call():
+    """ARCHITECTURE.md: each module's ``__all__`` names what users call; helpers that other modules import stay
+    importable but out of it. Every listed name exists; the lists stay short."""
+    lists = {}
+    for name in _library_modules():
+        module = importlib.import_module(name)
+        if hasattr(module, "__all__"):
+            listed = list(module.__all__)
+            assert len(set(listed)) == len(listed) and [n for n in listed if not hasattr(module, n)] == [], name
+            lists[name] = listed
+    sizes = {name: len(listed) for name, listed in lists.items() if name not in ALL_LISTS_PENDING}
+    assert max(sizes.values()) <= MOST_IN_ONE_ALL and sum(sizes.values()) <= MOST_IN_ALL_LISTS, sizes
+
+
+def test_the_package_shows_what_users_call_and_hides_no_module():
+    """``dir(hf_clusterformer)`` holds `__all__`, the package's modules and dunder names, no leaked import; no name
+    of the package hides one of its modules: ``hf_clusterformer.pipeline`` is the pipeline's module, callable as the
+    function that builds a pipeline (``hf_clusterformer.pipeline(model=...)``, as the README shows)."""
+    import inspect
+    import pkgutil
+    import types
+
+    import hf_clusterformer
+    from hf_clusterformer import loading
+
+    for found in pkgutil.iter_modules(hf_clusterformer.__path__):
+        module = importlib.import_module(f"hf_clusterformer.{found.name}")
+        assert getattr(hf_clusterformer, found.name) is module, found.name
+    shown = {name for name in dir(hf_clusterformer) if not name.startswith("__")}
+    modules = {name for name in shown if sys.modules.get(f"hf_clusterformer.{name}") is getattr(hf_clusterformer, name)}
+    assert shown - modules == set(hf_clusterformer.__all__) - modules and set(hf_clusterformer.__all__) <= shown
+    assert not {"AutoConfig", "AutoModel", "importlib", "hf_clusterformer_heads", "_LAZY"} & set(dir(hf_clusterformer))
+    for name, value in vars(hf_clusterformer).items():  # the namespace itself: no name imported for internal use
+        own = getattr(value, "__module__", None) or getattr(value, "__name__", "")
+        assert name.startswith("_") or own.split(".")[0] == "hf_clusterformer", name
+    assert hf_clusterformer.default_cluster_layers(24) == [15, 20]  # a helper stays importable, out of __all__
+
+    import hf_clusterformer.pipeline as pipeline_module
+    from hf_clusterformer import pipeline
+
+    assert pipeline is pipeline_module is sys.modules["hf_clusterformer.pipeline"]
+    assert isinstance(pipeline, types.ModuleType) and pipeline.PASSAGE_TOKEN == "<p>"
+    assert callable(pipeline) and inspect.signature(pipeline) == inspect.signature(loading.pipeline)
+    with pytest.raises(ValueError, match="task must be one of"):  # the call is loading.pipeline's
+        pipeline(model=None, task="summarization")

@@ -24,7 +24,7 @@ from .kmeans import ClusterStats
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CentroidUpdateCallback", "FiniteTrainingCallback", "NonFiniteTrainingError"]
+__all__ = ["CentroidUpdateCallback", "FiniteTrainingCallback"]
 
 #: File (one per rank) holding the memory banks inside a checkpoint folder when ``save_memory_bank=True``.
 BANK_FILE = "centroid_memory_bank-rank{rank}.safetensors"

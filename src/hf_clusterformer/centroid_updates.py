@@ -21,10 +21,7 @@ from torch import nn
 from .kmeans import ClusterStats, all_reduce_sum, default_process_group, spherical_kmeans
 from .modeling_clusterformer import ClusterRouter
 
-__all__ = [
-    "SMALL_MODEL_CENTROIDS", "CentroidUpdateSettings", "CentroidUpdater", "MemoryBank", "NothingBankedError",
-    "find_cluster_routers",
-]
+__all__ = ["CentroidUpdateSettings", "CentroidUpdater", "NothingBankedError"]
 
 
 # ----------------------------------------------------------------------------------------------------------------

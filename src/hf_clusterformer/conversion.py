@@ -36,13 +36,7 @@ from .modeling_clusterformer import (
     untrained_weights,
 )
 
-__all__ = [
-    "ConversionTaskError",
-    "checkpoint_model_type",
-    "convert_checkpoint",
-    "load_qa_model",
-    "model_options",
-]
+__all__ = ["convert_checkpoint", "load_qa_model"]
 
 logger = logging.getLogger(__name__)
 

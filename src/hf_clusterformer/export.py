@@ -60,12 +60,7 @@ from .modeling_clusterformer import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = [
-    "ExportError",
-    "ExportedModel",
-    "export_model",
-    "load_exported",
-]
+__all__ = ["ExportError", "export_model", "load_exported", "program_inputs"]
 
 #: What `export_model` writes: an ONNX file, or a `torch.export` program.
 FORMATS = ("onnx", "torch")

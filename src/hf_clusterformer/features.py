@@ -19,13 +19,7 @@ from .pipeline import rank_spans
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-__all__ = [
-    "check_tokenizer_fits",
-    "misplaced_answers",
-    "postprocess_predictions",
-    "prepare_train_features",
-    "prepare_validation_features",
-]
+__all__ = ["postprocess_predictions", "prepare_train_features", "prepare_validation_features"]
 
 logger = logging.getLogger(__name__)
 

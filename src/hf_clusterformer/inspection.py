@@ -227,4 +227,4 @@ def inspect_clusters(
     return report
 
 
-__all__ = ["PLOT_FORMATS", "ClusterMember", "ClusterReport", "check_plot_path", "inspect_clusters"]
+__all__ = ["inspect_clusters"]

@@ -19,12 +19,7 @@ import torch.nn.functional as F
 
 from .modeling_clusterformer import order_centroids_greedy
 
-__all__ = [
-    "KMeansResult",
-    "NotEnoughStatesError",
-    "available_backends",
-    "spherical_kmeans",
-]
+__all__ = ["spherical_kmeans"]
 
 #: Backend names accepted by `spherical_kmeans` (besides ``"auto"``).
 BACKENDS = ("torch", "faiss-cpu", "faiss-gpu")

@@ -31,11 +31,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from .configuration_clusterformer import ROUTED_LAYER_TYPES, ClusterFormerConfig, ConfigValueError
 
-__all__ = [
-    "card_from_spec",
-    "main",
-    "make_model_card",
-]
+__all__ = ["make_model_card"]
 
 CITATION = """@inproceedings{wang-etal-2021-cluster,
     title = "Cluster-Former: Clustering-based Sparse Transformer for Question Answering",

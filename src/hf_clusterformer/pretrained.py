@@ -32,15 +32,7 @@ from hf_clusterformer_files import (
     writing_model_dir,
 )
 
-__all__ = [
-    "PRETRAINED_SOURCES",
-    "PretrainedSource",
-    "PretrainedUnavailableError",
-    "default_cache_dir",
-    "fetch_pretrained",
-    "pack_pretrained",
-    "verify_pretrained",
-]
+__all__ = ["fetch_pretrained"]
 
 MANIFEST = "hf_clusterformer_manifest.json"
 

@@ -630,13 +630,5 @@ def main(argv: list[str] | None = None, prog: str | None = None, usage_errors_ra
     return metrics
 
 
-__all__ = [
-    "CentroidArguments",
-    "DataArguments",
-    "ModelArguments",
-    "make_trainer",
-    "main",
-    "predict_answers",
-    "run",
-]
+__all__ = ["CentroidArguments", "DataArguments", "ModelArguments", "main", "run"]
 

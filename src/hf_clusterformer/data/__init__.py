@@ -20,10 +20,6 @@ from .tokenizer import (
 )
 
 __all__ = [
-    "MODEL_MAX_LENGTH",
-    "PASSAGE_TOKEN",
-    "SPECIAL_TOKENS",
-    "approx_token_count",
     "build_multipassage_dataset",
     "build_tokenizer",
     "default_squad_path",

@@ -24,13 +24,7 @@ if TYPE_CHECKING:
 from .squad import approx_token_count, squad_features
 from .tokenizer import PASSAGE_TOKEN
 
-__all__ = [
-    "SQUAD_PATH_ENV",
-    "build_multipassage_dataset",
-    "default_squad_path",
-    "load_multipassage_dataset",
-    "read_squad",
-]
+__all__ = ["build_multipassage_dataset", "default_squad_path", "load_multipassage_dataset", "read_squad"]
 
 SQUAD_PATH_ENV = "CLUSTERFORMER_SQUAD_PATH"
 """Environment variable that overrides :func:`default_squad_path`."""

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import datasets
 
-__all__ = ["approx_token_count", "squad_features"]
+__all__ = ["squad_features"]
 
 _APPROX_TOKEN_RE = re.compile(r"\w+|[^\w\s]+")
 

@@ -14,12 +14,7 @@ from ..pipeline import PASSAGE_TOKEN  # the token the pipeline reads as a passag
 if TYPE_CHECKING:
     from transformers import RobertaTokenizerFast
 
-__all__ = [
-    "MODEL_MAX_LENGTH",
-    "PASSAGE_TOKEN",
-    "SPECIAL_TOKENS",
-    "build_tokenizer",
-]
+__all__ = ["build_tokenizer"]
 
 SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>", PASSAGE_TOKEN)
 """Special tokens; their ids are their positions: ``<s>=0, <pad>=1, </s>=2, <unk>=3,

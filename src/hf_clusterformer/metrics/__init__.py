@@ -10,14 +10,7 @@ if TYPE_CHECKING:
 
 from .squad_metric import compute_squad, exact_match_score, f1_score, normalize_answer
 
-__all__ = [
-    "SQUAD_METRIC_PATH",
-    "compute_squad",
-    "exact_match_score",
-    "f1_score",
-    "load_squad_metric",
-    "normalize_answer",
-]
+__all__ = ["SQUAD_METRIC_PATH", "load_squad_metric"]
 
 SQUAD_METRIC_PATH = str(Path(__file__).with_name("squad_metric.py"))
 """Path of the metric script, for ``evaluate.load(SQUAD_METRIC_PATH)``."""

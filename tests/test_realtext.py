@@ -69,6 +69,9 @@ def _cells(record: Path) -> dict:
 
 EXPECTED = {("A", "oracle", 0), ("A", "other", 250), ("B", "oracle", 0), ("B", "other", 250), ("B", "other", 400),
             ("B", "same", 400)}
+#: The cells of a window_cluster Cluster-Former (the tiny preset's kind): its start is the sliding start exactly, so
+#: only the sliding start is scored (by Cluster-Former's process).
+AFTER_B = {cell for cell in EXPECTED if cell[0] == "B"}
 
 
 def test_device_script_runs_every_stage_and_writes_the_record(reference):
@@ -81,7 +84,7 @@ def test_device_script_runs_every_stage_and_writes_the_record(reference):
     summary = json.loads((record / "summary.json").read_text())
     cells = summary["cells"]
     assert {(c["stage"], c["kind"], c["length"]) for c in cells if c["model"] == "sliding"} == EXPECTED
-    assert {(c["stage"], c["kind"], c["length"]) for c in cells if c["model"] == "clusterformer"} == EXPECTED
+    assert {(c["stage"], c["kind"], c["length"]) for c in cells if c["model"] == "clusterformer"} == AFTER_B
     for stage, kind, length in EXPECTED:  # the same questions and contexts for both models
         pair = [c for c in cells if (c["stage"], c["kind"], c["length"]) == (stage, kind, length)]
         assert len({c["digest"] for c in pair}) == 1 and all(c["questions"] == 3 for c in pair)
@@ -96,21 +99,24 @@ def test_device_script_runs_every_stage_and_writes_the_record(reference):
     assert stages["B clusterformer"]["centroids"]["fitted"] and stages["B sliding"]["steps"] == 4
     assert [p["step"] for p in stages["A"]["curve"]] == [2, 4]
     rows = summary["comparisons"]
-    assert {(r["stage"], r["kind"], r["length"]) for r in rows} == EXPECTED
+    assert {(r["stage"], r["kind"], r["length"]) for r in rows} == AFTER_B
     assert all(r["low"] <= r["difference"] <= r["high"] and r["questions"] == 3 for r in rows)
     text = (record / "results.md").read_text()
-    assert "Cluster-Former minus sliding window" in text and text.count("| gold paragraph | oracle |") == 6
+    assert "Cluster-Former minus sliding window" in text and text.count("| gold paragraph | oracle |") == 4
+    assert "of kind `window_cluster`" in text and "the start row is the sliding start's" in text
     assert "Stage A (seed0), held-out oracle questions" in text and "Stage B (seed0), training loss" in text
     assert text.count("\n| 4 | ") == 1  # B's last logged step, a loss for both models
     assert (record / "f1_vs_length.png").read_bytes()[:4] == b"\x89PNG"
-    assert len(_cells(record)) == 12
+    assert len(_cells(record)) == 10
 
     from safetensors.torch import load_file
 
     start = load_file(run / "seed0/A/model/model.safetensors")
     clustered = load_file(run / "seed0/start-clusterformer/model.safetensors")
-    assert set(start) < set(clustered) and all(".router." in k for k in set(clustered) - set(start))
+    added = set(clustered) - set(start)
+    assert set(start) < set(clustered) and all(".router." in k or ".routed_output." in k for k in added)
     assert all((start[k] == clustered[k]).all() for k in start)  # the same weights, a cluster layer added
+    assert all(not clustered[k].any() for k in added if ".routed_output." in k)  # its routed path starts closed
 
 
 def _finished_until_b(reference: Path, run: Path) -> None:
@@ -118,8 +124,7 @@ def _finished_until_b(reference: Path, run: Path) -> None:
     source = reference / "realtext" / "run"
     (run / "seed0" / "B").mkdir(parents=True)
     (run / "seed0" / "cells").mkdir()
-    for name in ("init", "seed0/A", "seed0/start-clusterformer", "seed0/cells/A-sliding",
-                 "seed0/cells/A-clusterformer"):
+    for name in ("init", "seed0/A", "seed0/start-clusterformer", "seed0/cells/A-sliding"):
         (run / name).symlink_to(source / name)
     for name in ("config.json", "seed0/B/probe-sliding.json", "seed0/B/probe-clusterformer.json", "seed0/B/size.json"):
         shutil.copyfile(source / name, run / name)
@@ -227,3 +232,45 @@ def test_multipassage_contexts(realtext):
             assert set(distractors) == {corpus.article[paragraph]}
         tokens = sum(corpus.lengths([corpus.texts.index(t) for t in texts]))
         assert abs(tokens - 1500) < 400
+
+
+def test_start_cells_are_scored_once_when_the_start_is_the_sliding_model(realtext):
+    """window_cluster: Cluster-Former's process scores the sliding start; the paper's cluster kind: each its own."""
+    equal = realtext.parse_args(["--preset", "tiny"])
+    assert equal.cluster_kind == "window_cluster"
+    assert realtext.start_scored_by(equal, "clusterformer") == ["sliding"]
+    assert realtext.start_scored_by(equal, "sliding") == []
+    replacing = realtext.parse_args(["--preset", "tiny", "--cluster_kind", "cluster"])
+    assert realtext.start_scored_by(replacing, "clusterformer") == ["clusterformer"]
+    assert realtext.start_scored_by(replacing, "sliding") == ["sliding"]
+    assert replacing.record_dir.endswith("realtext/tiny") and equal.record_dir.endswith("realtext/tiny-window_cluster")
+
+
+def test_the_variant_screen_scores_validation_questions(tmp_path, reference):
+    """bench/realtext_screen.py from the reference's stage A: the sliding model and one variant, a short B, validation
+    cells (questions of articles 36-39, never the test articles), the record with the paired difference."""
+    common = [sys.executable, str(ROOT / "bench" / "realtext_screen.py"), "--study_dir",
+              str(reference / "realtext" / "run"), "--output_dir", str(tmp_path / "screen"), "--record_dir",
+              str(tmp_path / "record"), "--steps", "2", "--questions", "3", "--other_length", "250",
+              "--same_length", "400"]
+    done = subprocess.run([*common, "sliding", "window-keys"], env=ENV, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = subprocess.run([*common, "--report"], env=ENV, capture_output=True, text=True, timeout=600)
+    assert report.returncode == 0, report.stderr[-3000:]
+    screen = json.loads((tmp_path / "record" / "screen.json").read_text())
+    rows = {(r["model"], r["cell"]): r for r in screen["rows"]}
+    assert set(rows) == {(m, c) for m in ("sliding", "window-keys") for c in ("other-250", "same-400")}
+    for cell in ("other-250", "same-400"):
+        variant, sliding = rows[("window-keys", cell)], rows[("sliding", cell)]
+        assert variant["start_f1"] == sliding["start_f1"]  # a window_cluster start is the sliding start
+        assert variant["low"] <= variant["difference"] <= variant["high"]
+        assert variant["gold_tokens_with_question"] is not None and sliding["gold_tokens_with_question"] is None
+    assert screen["models"]["window-keys"]["settings"]["study"]["route_by"] == "keys"
+    assert len(screen["models"]["sliding"]["B_loss"]) == 2
+    cell = json.loads((tmp_path / "screen" / "window-keys" / "cells" / "B-same-400.json").read_text())
+    from hf_clusterformer.data.multipassage import read_squad
+
+    article = {qa["id"]: a for a, entry in enumerate(read_squad(_squad_path())["data"]) for p in entry["paragraphs"]
+               for qa in p["qas"]}
+    assert {article[e["id"]] for e in cell["per_question"]} <= set(range(36, 40))
+    assert "unknown model 'nope'" in subprocess.run([*common, "nope"], env=ENV, capture_output=True, text=True).stderr

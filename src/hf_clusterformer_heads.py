@@ -34,6 +34,9 @@ class Head:
     name: str
     #: The outputs of an exported program, in order.
     outputs: tuple[str, ...] = ("logits",)
+    #: The dimensions of its ``input_ids`` and ``attention_mask`` (a multiple-choice head's hold a row per choice), as
+    #: export traces them and the runner of an exported file checks them.
+    inputs: tuple[str, ...] = ("batch", "length")
     #: How a model card describes the head (its template's ``head`` words; ``{mask}``: the mask token), with the names
     #: of its settings rows (``longest_prefix``, ``longest_text``, ``untrained_head``; by default a pair head's) and its
     #: widget (``widget``: ``question`` with a context, ``masked text``, ``text`` (the default) or ``none``).
@@ -122,7 +125,7 @@ HEADS: tuple[Head, ...] = (
     ),
     Head(
         "multiple-choice", "multiple-choice", "ClusterFormerForMultipleChoice", "AutoModelForMultipleChoice",
-        ("ForMultipleChoice",), "multiple-choice",
+        ("ForMultipleChoice",), "multiple-choice", inputs=("batch", "choices", "length"),
         card={
             "model": "A multiple-choice model",
             "input": "Each choice, `<s> question option </s></s> context </s>` with the whole context",

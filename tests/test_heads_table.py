@@ -8,16 +8,17 @@ import dataclasses
 import sys
 
 import pytest
+import torch
 import transformers
 
 import hf_clusterformer
 import hf_clusterformer_heads
 from hf_clusterformer import conversion, export, modelcard, modeling_clusterformer
 from hf_clusterformer.hub import hub_auto_map
-from hf_clusterformer.modeling_clusterformer import ClusterFormerForSequenceClassification
+from hf_clusterformer.modeling_clusterformer import ClusterFormerForMultipleChoice, ClusterFormerForSequenceClassification
 from hf_clusterformer_cli import build_parser
 
-from helpers import tiny_config
+from helpers import pad_batch, random_example, tiny_config
 
 
 class ClusterFormerForRanking(ClusterFormerForSequenceClassification):
@@ -39,6 +40,16 @@ RANKING = hf_clusterformer_heads.Head(
     "ranking", outputs=("scores",), pipeline_class="TextClassificationPipeline",
     card={"model": "A ranker", "input": "A text", "output": "a score", "prefix": "the text's `<s>`",
           "returns": "A score per text ({mask} unused)."},
+)
+
+
+class ClusterFormerForChoiceRanking(ClusterFormerForMultipleChoice):
+    """A new head that reads a row per choice: multiple choice under another name."""
+
+
+CHOICE_RANKING = hf_clusterformer_heads.Head(
+    "choice-ranking", "choice-rank", ClusterFormerForChoiceRanking.__name__, "AutoModelForMultipleChoice",
+    ("ForChoiceRanking",), "choice-ranking", inputs=("batch", "choices", "length"),
 )
 
 
@@ -111,7 +122,7 @@ def test_a_new_row_gets_a_whole_card(ranking):
 def test_the_command_offers_a_new_rows_task(ranking):
     convert = build_parser(model_options=True)._subparsers._group_actions[0].choices["convert"]
     (task,) = [action for action in convert._actions if action.dest == "task"]
-    assert task.choices[-1] == "text-ranking"
+    assert task.choices[len(hf_clusterformer_heads.HEADS) - 1] == "text-ranking"  # the tasks, then the keys
     assert hf_clusterformer_heads.architectures_task(["RobertaForRanking"]) == "text-ranking"
 
 
@@ -127,3 +138,29 @@ def test_a_new_row_reaches_the_pipeline_function(ranking):
     assert loading._whole_text_tasks()[:3] == ["fill-mask", "text-classification", "token-classification"]
     with pytest.raises(ValueError, match="task must be one of"):
         loading.pipeline(model=None, task="summarization")
+
+
+def test_a_new_rows_inputs_reach_export(monkeypatch, tmp_path):
+    """Export reads a head's input dimensions from its row, not its class: a new head with a row per choice exports
+    with a choices dimension, and the runner of its file takes (batch, choices, length) batches of any size and
+    refuses (batch, length) ones, naming the dimensions."""
+    monkeypatch.setattr(hf_clusterformer_heads, "HEADS", (*hf_clusterformer_heads.HEADS, CHOICE_RANKING))
+    monkeypatch.setattr(modeling_clusterformer, ClusterFormerForChoiceRanking.__name__, ClusterFormerForChoiceRanking,
+                        raising=False)
+    assert export.input_dims(ClusterFormerForChoiceRanking) == ("batch", "choices", "length")
+    assert export.input_dims("ClusterFormerForMultipleChoice") == ("batch", "choices", "length")
+    assert export.input_dims("ClusterFormerForSequenceClassification") == export.input_dims("ClusterFormerModel") == \
+        ("batch", "length")
+    model = ClusterFormerForChoiceRanking(tiny_config()).eval()
+    program = export.export_program(model)
+    runner = export.load_exported(export.write_program(program, tmp_path / "rank.pt2", "torch",
+                                                       export.program_metadata(model)))
+    assert runner.input_dims == ("batch", "choices", "length")
+    ids, mask = pad_batch([random_example(torch.Generator().manual_seed(row), 2 + row, 9 + 7 * row) for row in range(3)])
+    ids, mask = ids.view(1, 3, -1), mask.view(1, 3, -1)  # one example of three choices (traced with two)
+    with torch.no_grad():
+        torch.testing.assert_close(runner(ids, mask)["logits"], model(input_ids=ids, attention_mask=mask).logits,
+                                   atol=1e-4, rtol=0)
+    with pytest.raises(export.ExportError, match=r"input_ids must be \(batch, choices, length\) for this "
+                                                 "ClusterFormerForChoiceRanking"):
+        runner(ids[0], mask[0])

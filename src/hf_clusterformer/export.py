@@ -42,14 +42,13 @@ from torch import nn
 from hf_clusterformer_cli_support import convert_command
 import hf_clusterformer_heads
 from hf_clusterformer_files import holds_model, owned_by_model
-from hf_clusterformer_heads import find_head
+from hf_clusterformer_heads import Head, find_head
 
 from .configuration_clusterformer import ClusterFormerConfig
 from . import modeling_clusterformer
 from .loading import check_checkpoint_source, unreadable_weights
 from .modeling_clusterformer import (
     BatchSizes,
-    ClusterFormerForMultipleChoice,
     ClusterFormerModel,
     ClusterFormerPreTrainedModel,
     check_input_tensors,
@@ -106,14 +105,28 @@ class ExportError(ValueError):
     input and the fix."""
 
 
+def head_row(model: type | str) -> Head | None:
+    """The row of `hf_clusterformer_heads.HEADS` of a model class or class name (a subclass of a head's class finds
+    that head's row); ``None`` for the base model."""
+    names = [model] if isinstance(model, str) else [cls.__name__ for cls in model.__mro__]
+    return next((head for head in map(find_head, names) if head is not None), None)
+
+
 def output_names(model: ClusterFormerPreTrainedModel) -> list[str]:
-    """Names of the exported program's outputs, in order: its head's (`hf_clusterformer_heads.HEADS`; a QA head with
-    answerability adds ``answerable_logits``), or the base model's."""
+    """Names of the exported program's outputs, in order: its head's (`head_row`; a QA head with answerability adds
+    ``answerable_logits``), or the base model's."""
     if isinstance(model, ClusterFormerModel):
         return ["last_hidden_state", "pooler_output"]
-    heads = [find_head(cls.__name__) for cls in type(model).__mro__]
-    outputs = next((head.outputs for head in heads if head is not None), ("logits",))
+    head = head_row(type(model))
+    outputs = head.outputs if head is not None else ("logits",)
     return [*outputs, *(["answerable_logits"] if getattr(model, "answerability", None) is not None else [])]
+
+
+def input_dims(model: type | str) -> tuple[str, ...]:
+    """The dimensions of a model's ``input_ids`` by its head's row (`head_row`): ``("batch", "length")``, or a
+    multiple-choice head's ``("batch", "choices", "length")``."""
+    head = head_row(model)
+    return head.inputs if head is not None else ("batch", "length")
 
 
 class ExportedHead(nn.Module):
@@ -196,13 +209,9 @@ def export_program(model: ClusterFormerPreTrainedModel, length: int | None = Non
         raise ExportError(f"cannot export a {type(model).__name__}; export one of {', '.join(EXPORT_CLASSES)}.")
     model.eval()
     Dim = torch.export.Dim
-    batch, tokens = Dim("batch", min=1), Dim("length", min=2)
-    if isinstance(model, ClusterFormerForMultipleChoice):
-        ids, mask = example_inputs(model.config, length, choices=2)
-        dims = {0: batch, 1: Dim("choices", min=1), 2: tokens}
-    else:
-        ids, mask = example_inputs(model.config, length)
-        dims = {0: batch, 1: tokens}
+    names = input_dims(type(model))  # (batch, length), or (batch, choices, length): a row per choice
+    ids, mask = example_inputs(model.config, length, choices=2 if len(names) == 3 else None)
+    dims = {axis: Dim(name, min=2 if name == "length" else 1) for axis, name in enumerate(names)}
     inputs = program_inputs(model.config, ids, mask, model.input_format)
     # a single-text head's prefix is ``<s>`` alone in every batch: its width is one, not a dimension of the program
     width = Dim.STATIC if model.input_format == "single" else Dim("prefix_width")
@@ -215,9 +224,10 @@ def export_program(model: ClusterFormerPreTrainedModel, length: int | None = Non
 
 
 def program_metadata(model: ClusterFormerPreTrainedModel) -> dict[str, Any]:
-    """What `load_exported` needs beside the program: the configuration, the head's input format and outputs."""
-    return {"config": model.config.to_dict(), "architecture": type(model).__name__,
-            "input_format": model.input_format, "outputs": output_names(model),
+    """What `load_exported` needs beside the program: the configuration, the head's input format, inputs and
+    outputs."""
+    return {"config": model.config.to_dict(), "architecture": type(model).__name__, "input_format": model.input_format,
+            "inputs": list(input_dims(type(model))), "outputs": output_names(model),
             "centroids_fitted": {str(i): bool(r.fitted) for i, r in model.cluster_routers().items()}}
 
 
@@ -427,7 +437,8 @@ class ExportedModel:
 
     Attributes:
         config: the exported model's `ClusterFormerConfig`; architecture: its class name; input_format: how rows are
-        read; output_names: the outputs, in order; format: ``"onnx"`` or ``"torch"``; quantize: None or ``"int8"``.
+        read; input_dims: the dimensions of ``input_ids`` (`input_dims`); output_names: the outputs, in order;
+        format: ``"onnx"`` or ``"torch"``; quantize: None or ``"int8"``.
     """
 
     def __init__(self, path: Path, format: str, metadata: dict[str, Any], run):
@@ -436,6 +447,7 @@ class ExportedModel:
         self.architecture = metadata["architecture"]
         self.input_format = metadata["input_format"]
         self.output_names = list(metadata["outputs"])
+        self.input_dims = tuple(metadata.get("inputs") or input_dims(self.architecture))  # files before "inputs"
         self.quantize = metadata.get("quantize")
 
     def __repr__(self) -> str:
@@ -450,11 +462,9 @@ class ExportedModel:
         """The program's inputs for a batch (`program_inputs`), or `ExportError` naming what is wrong and the fix."""
         ids = _as_tensor(input_ids, "input_ids")
         mask = None if attention_mask is None else _as_tensor(attention_mask, "attention_mask")
-        dims = 3 if self.architecture == ClusterFormerForMultipleChoice.__name__ else 2
-        shape = "(batch, choices, length)" if dims == 3 else "(batch, length)"
-        if ids.dim() != dims:
-            raise ExportError(f"input_ids must be {shape} for this {self.architecture}, got shape {tuple(ids.shape)}; "
-                              "pass the tokenizer's batch (return_tensors='np' or 'pt').")
+        if ids.dim() != len(self.input_dims):
+            raise ExportError(f"input_ids must be ({', '.join(self.input_dims)}) for this {self.architecture}, got "
+                              f"shape {tuple(ids.shape)}; pass the tokenizer's batch (return_tensors='np' or 'pt').")
         if ids.numel() == 0:
             raise ExportError(f"input_ids is empty (shape {tuple(ids.shape)}); give at least one row of tokens.")
         if mask is not None and (mask.is_floating_point() or mask.shape != ids.shape):

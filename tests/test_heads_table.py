@@ -15,7 +15,10 @@ import hf_clusterformer
 import hf_clusterformer_heads
 from hf_clusterformer import conversion, export, modelcard, modeling_clusterformer
 from hf_clusterformer.hub import hub_auto_map
-from hf_clusterformer.modeling_clusterformer import ClusterFormerForMultipleChoice, ClusterFormerForSequenceClassification
+from hf_clusterformer.modeling_clusterformer import (
+    ClusterFormerForMultipleChoice,
+    ClusterFormerForSequenceClassification,
+)
 from hf_clusterformer_cli import build_parser
 
 from helpers import pad_batch, random_example, tiny_config
@@ -88,10 +91,29 @@ def test_a_new_row_is_in_the_hub_auto_map(ranking):
 
 
 def test_conversion_takes_a_new_rows_task_and_key(ranking):
-    assert conversion._pipeline_task("text-ranking") == conversion._pipeline_task("rank") == "text-ranking"
-    assert conversion._pipeline_task("qa") == "question-answering"
+    assert conversion._asked_head("text-ranking") is conversion._asked_head("rank") is ranking
+    assert conversion._asked_head("qa").task == "question-answering" and conversion._asked_head(None) is None
     with pytest.raises(ValueError, match="rank.*text-ranking"):
-        conversion._pipeline_task("ranking-of-texts")
+        conversion._asked_head("ranking-of-texts")
+
+
+def test_conversion_decides_its_heads_once(ranking):
+    """One decision, which every later step reads: the head built (the one asked for, else a Cluster-Former source's
+    own, else question answering) and the source's own head; a bare ClusterFormerModel needs a head named."""
+    from transformers import RobertaConfig
+
+    def heads(asked, model_type, architectures):
+        source = (RobertaConfig if model_type == "roberta" else tiny_config)(architectures=architectures)
+        decided = conversion._conversion_heads(asked and conversion._asked_head(asked), source, "src")
+        return decided.built.key, decided.own and decided.own.key, decided.other and decided.other.key
+
+    assert heads(None, "roberta", ["RobertaForMaskedLM"]) == ("qa", "mlm", "mlm")  # RoBERTa: question answering
+    assert heads(None, "roberta", None) == ("qa", None, None)
+    assert heads(None, "clusterformer", ["ClusterFormerForMaskedLM"]) == ("mlm", "mlm", None)  # its own head
+    assert heads("rank", "clusterformer", ["ClusterFormerForMaskedLM"]) == ("rank", "mlm", "mlm")  # a new row's
+    assert heads("rank", "roberta", ["RobertaForRanking"]) == ("rank", "rank", None)
+    with pytest.raises(conversion.ConversionTaskError, match="holds a ClusterFormerModel, which has no head to keep"):
+        heads(None, "clusterformer", ["ClusterFormerModel"])
 
 
 def test_a_new_row_exports(ranking):
@@ -156,7 +178,8 @@ def test_a_new_rows_inputs_reach_export(monkeypatch, tmp_path):
     runner = export.load_exported(export.write_program(program, tmp_path / "rank.pt2", "torch",
                                                        export.program_metadata(model)))
     assert runner.input_dims == ("batch", "choices", "length")
-    ids, mask = pad_batch([random_example(torch.Generator().manual_seed(row), 2 + row, 9 + 7 * row) for row in range(3)])
+    examples = [random_example(torch.Generator().manual_seed(row), 2 + row, 9 + 7 * row) for row in range(3)]
+    ids, mask = pad_batch(examples)
     ids, mask = ids.view(1, 3, -1), mask.view(1, 3, -1)  # one example of three choices (traced with two)
     with torch.no_grad():
         torch.testing.assert_close(runner(ids, mask)["logits"], model(input_ids=ids, attention_mask=mask).logits,

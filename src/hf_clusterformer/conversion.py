@@ -138,15 +138,15 @@ _BERT_FIELDS = (
 
 
 def _bert_as_roberta(
-    src, source_config, tokenizer, hub_kwargs, task: str = "question-answering"
+    src, source_config, tokenizer, hub_kwargs, head: Head
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """A BERT-family checkpoint in the RoBERTa layout the model subclasses.
 
     RoBERTa numbers positions from ``pad_token_id + 1``, BERT from 0, so the position table gets ``pad_token_id + 1``
     leading zero rows: slot ``s`` of every window then reads BERT's row ``s``. ``[CLS]``/``[SEP]`` become the
-    bos/eos ids, so the ``[CLS] Q [SEP] C [SEP]`` template is found by its one separator. The ``task`` head's
-    weights the source has are mapped by its row's ``bert_weights`` (`hf_clusterformer_heads.HEADS`;
-    ``cls.predictions`` to ``lm_head`` for ``fill-mask``).
+    bos/eos ids, so the ``[CLS] Q [SEP] C [SEP]`` template is found by its one separator. The weights of the ``head``
+    (its row of `hf_clusterformer_heads.HEADS`) that the source has are mapped by its ``bert_weights``
+    (``cls.predictions`` to ``lm_head`` for ``fill-mask``).
 
     Returns:
         (config values, state dict with ``roberta.*`` keys and the head's keys the source has).
@@ -154,11 +154,10 @@ def _bert_as_roberta(
     import transformers
     from transformers.utils import logging as hf_logging
 
-    if task == "fill-mask" and source_config.hidden_act != "gelu":
+    if head.task == "fill-mask" and source_config.hidden_act != "gelu":
         raise ValueError(f"{src}'s MLM head uses {source_config.hidden_act!r}; RoBERTa's LM head, which Cluster-Former "
                          "uses, applies gelu, so its logits would differ.")
-    bert_weights = find_head(task).bert_weights
-    auto_class = getattr(transformers, find_head(task).auto_class)
+    auto_class = getattr(transformers, head.auto_class)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the head a plain encoder lacks is reported once, by the caller
     try:
@@ -186,9 +185,9 @@ def _bert_as_roberta(
             key = "roberta." + key[len("bert."):]
         if key.endswith("embeddings.position_embeddings.weight"):
             tensor = torch.cat([tensor.new_zeros(pad + 1, tensor.shape[1]), tensor])
-        head = [(old, new) for old, new in bert_weights.items() if key.startswith(old)]
-        if head and key not in missing:
-            state[head[0][1] + key[len(head[0][0]):]] = tensor
+        mapped = [(old, new) for old, new in head.bert_weights.items() if key.startswith(old)]
+        if mapped and key not in missing:
+            state[mapped[0][1] + key[len(mapped[0][0]):]] = tensor
         elif key.startswith("roberta.") and not key.endswith("position_ids") and not key.startswith("roberta.pooler."):
             state[key] = tensor
     return values, state
@@ -231,21 +230,21 @@ def convert_checkpoint(
     not fit the source). `TypeError`: not a model option.
     """
     src = check_checkpoint_source(src, "src")
-    task = _pipeline_task(task)
+    asked = _asked_head(task)
     check_output_dir(dst, overwrite)
     options = _conversion_options(options)
     hub_kwargs = {"revision": revision, "token": token}
     source = _convertible_config(src, hub_kwargs)
-    task = task or _source_task(source, src)
-    _check_qa_outputs(source, src, task)
+    heads = _conversion_heads(asked, source, src)  # decided once, passed on
+    _check_qa_outputs(source, src, heads)
     options.update(_kept_depth(num_hidden_layers, source, src))
     loaded_tokenizer = _conversion_tokenizer(src, tokenizer, hub_kwargs)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)  # new weights are drawn from the global generator
-        model, newly_initialized = _converted_model(src, source, loaded_tokenizer, options, hub_kwargs, task)
+        model, newly_initialized = _converted_model(src, source, loaded_tokenizer, options, hub_kwargs, heads)
     untrained = sorted(set(newly_initialized) | set(untrained_weights(model)))  # a source's own record too
     if untrained and not allow_untrained:  # before anything is written
-        raise _untrained_head_error(src, source, task, newly_initialized, untrained)
+        raise _untrained_head_error(src, heads, newly_initialized, untrained)
     if newly_initialized:  # returned, and printed by the command line: logged once, at info level
         logger.info("Newly initialised (not in %s): %s; fine-tune before use.", src, ", ".join(newly_initialized))
     mark_untrained(model, untrained)
@@ -253,7 +252,7 @@ def convert_checkpoint(
     hub_id = {} if Path(src).exists() else {"base_model": str(src)}
     save_for_hub(model, loaded_tokenizer, dst, card_data={**hub_id, **dict(card_data or {})}, overwrite=overwrite)
     return ConvertedCheckpoint(Path(dst), model.config, newly_initialized, loaded_tokenizer is not None, source.model_type,
-                               find_head(task).key, dropped)
+                               heads.built.key, dropped)
 
 
 def _dropped_centroids(src: str | os.PathLike, model: PreTrainedModel) -> list[int]:
@@ -269,12 +268,12 @@ def _dropped_centroids(src: str | os.PathLike, model: PreTrainedModel) -> list[i
     return dropped
 
 
-def _pipeline_task(task: str | None) -> str | None:
-    """A ``task`` given to `convert_checkpoint` as its pipeline task (a head's key, ``qa``, ``mlm``, ..., is taken
-    too)."""
+def _asked_head(task: str | None) -> Head | None:
+    """The head a ``task`` given to `convert_checkpoint` names, by its pipeline task or its key (``qa``, ``mlm``,
+    ...); ``None`` when none is given. Checked before anything loads."""
     head = find_head(task) if task is not None else None
     if task is None or (head is not None and task != head.class_name):
-        return head and head.task
+        return head
     keys = ", ".join(head.key for head in hf_clusterformer_heads.HEADS)
     tasks = ", ".join(head.task for head in hf_clusterformer_heads.HEADS)
     raise ValueError(f"task must be one of {keys} (or {tasks}), got {task!r}.")
@@ -285,14 +284,31 @@ def _spelt(head: Head, command: bool) -> str:
     return f"--task {head.task}" if command else f"task={head.key!r}"
 
 
-def _source_task(source: PretrainedConfig, src: str | os.PathLike) -> str:
-    """The default head of a conversion: a Cluster-Former source's own (`ConversionTaskError` for a bare
-    `ClusterFormerModel`), else question answering."""
+@dataclass(frozen=True)
+class ConversionHeads:
+    """The one decision of a conversion about heads, which every step after it reads."""
+
+    #: The head the result has: the one asked for, else a Cluster-Former source's own, else question answering.
+    built: Head
+    #: The source's own head (by its ``architectures``), ``None`` for an encoder without one.
+    own: Head | None
+
+    @property
+    def other(self) -> Head | None:
+        """The source's own head when it is not the one built (its weights are not the result's)."""
+        return self.own if self.own not in (None, self.built) else None
+
+
+def _conversion_heads(asked: Head | None, source: PretrainedConfig, src: str | os.PathLike) -> ConversionHeads:
+    """Which head a conversion of ``source`` builds and which one the source has (`ConversionHeads`): the table of
+    heads is asked here, once. `ConversionTaskError` when no head is asked of a bare `ClusterFormerModel`."""
+    own = find_head(architectures_task(source.architectures))
+    if asked is not None:
+        return ConversionHeads(asked, own)
     if source.model_type != ClusterFormerConfig.model_type or not source.architectures:
-        return "question-answering"
-    own = architectures_task(source.architectures)
+        return ConversionHeads(find_head("question-answering"), own)
     if own is not None:
-        return own
+        return ConversionHeads(own, own)
 
     def message(command: bool) -> str:
         choices = ", ".join(_spelt(head, command) for head in hf_clusterformer_heads.HEADS)
@@ -303,12 +319,10 @@ def _source_task(source: PretrainedConfig, src: str | os.PathLike) -> str:
 
 
 def _untrained_head_error(
-    src: str | os.PathLike, source: PretrainedConfig, task: str, new: list[str], untrained: list[str]
+    src: str | os.PathLike, heads: ConversionHeads, new: list[str], untrained: list[str]
 ) -> ConversionTaskError:
     """The refusal of a head the source lacks (``new`` weights) or holds untrained: what, and the two ways on."""
-    own = architectures_task(source.architectures)
-    own = find_head(own) if own is not None and own != task else None
-    head = find_head(task).name
+    head, own = heads.built.name, heads.other
 
     def message(command: bool) -> str:
         flag = "--allow-untrained" if command else "allow_untrained=True"
@@ -322,11 +336,11 @@ def _untrained_head_error(
     return ConversionTaskError(message(False), message(True))
 
 
-def _check_qa_outputs(source: PretrainedConfig, src: str | os.PathLike, task: str) -> None:
+def _check_qa_outputs(source: PretrainedConfig, src: str | os.PathLike, heads: ConversionHeads) -> None:
     """A question-answering source whose head gives other than 2 outputs (start, end) per token cannot become a QA
     model (its ``qa_outputs`` would load as they are and the logits mean something else): `ValueError`, one line."""
     outputs = getattr(source, "num_labels", 2)
-    if task == "question-answering" == architectures_task(source.architectures) and outputs != 2:
+    if heads.built.task == "question-answering" and heads.own is heads.built and outputs != 2:
         raise ValueError(f"{src}'s question-answering head gives {outputs} outputs per token (num_labels={outputs}), "
                          "not the 2 (start, end) a QA model reads; convert a question-answering checkpoint whose "
                          "head has 2 outputs, or name another head with --task.")
@@ -400,14 +414,14 @@ def _merged_config(values: Mapping[str, Any], options: Mapping[str, Any]) -> Clu
 
 
 def _converted_model(
-    src, source, tokenizer, options, hub_kwargs, task: str = "question-answering"
+    src, source, tokenizer, options, hub_kwargs, heads: ConversionHeads
 ) -> tuple[PreTrainedModel, list[str]]:
-    """The Cluster-Former model of a source checkpoint with the head of the pipeline ``task``
-    (`hf_clusterformer_heads.HEADS`), and the names of its parameters the source lacks (`drawn_weights`)."""
-    model_class = getattr(modeling_clusterformer, find_head(task).class_name)
+    """The Cluster-Former model of a source checkpoint with the head ``heads.built``, and the names of its parameters
+    the source lacks (`drawn_weights`)."""
+    model_class = getattr(modeling_clusterformer, heads.built.class_name)
     state = None
     if source.model_type == "bert":
-        values, state = _bert_as_roberta(src, source, tokenizer, hub_kwargs, task)
+        values, state = _bert_as_roberta(src, source, tokenizer, hub_kwargs, heads.built)
     else:
         values = _plain_values(source)
     config = _merged_config(values, options)
@@ -417,8 +431,7 @@ def _converted_model(
             src, config=config, output_loading_info=True, ignore_mismatched_sizes=True, **hub_kwargs
         )
         mismatched = [key for key, *_ in info["mismatched_keys"]]
-        own = architectures_task(source.architectures or [])
-        other_head = [k for k in mismatched if own not in (None, task) and not k.startswith("roberta.")]
+        other_head = [k for k in mismatched if heads.other is not None and not k.startswith("roberta.")]
         stray = [key for key in mismatched if ".router." not in key and key not in other_head]
         if stray:
             raise ValueError(f"{src} has tensors of other shapes than its config: {', '.join(stray)}.")
@@ -460,7 +473,8 @@ def load_qa_model(
                 tokenizer = load_tokenizer(path, **hub_kwargs)
             except ValueError:
                 tokenizer = None
-            model, new = _converted_model(path, source, tokenizer, options, hub_kwargs)
+            heads = _conversion_heads(find_head("question-answering"), source, path)
+            model, new = _converted_model(path, source, tokenizer, options, hub_kwargs, heads)
         else:
             try:
                 model, info = ClusterFormerForQuestionAnswering.from_pretrained(

@@ -28,15 +28,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = [
-    "GENERATED_MARK", "CLUSTERFORMER_MODEL_TYPE", "CODE_FILES", "CUSTOM_PIPELINE", "MODEL_FILE_NAMES",
-    "MODEL_FILE_PATTERNS", "MODEL_MARKER_FILES", "RESULT_FILES", "TOKENIZER_FILES", "TOKENIZER_READS",
-    "file_sha256", "ModelFolderExistsError", "apply_auto_map", "apply_default_modes", "card_state", "stamp_card",
-    "check_output_dir", "check_result_files", "checkpoint_kind", "check_local_source", "looks_local",
-    "default_mode", "holds_model", "is_trainer_checkpoint", "last_checkpoint", "model_auto_map", "library_files",
-    "output_folder", "owned_by_model", "write_file", "written_by_library", "WriteInterrupted", "OWN_FILES_RECORD",
-    "check_own_files", "tokenizer_strays", "run_output_dir", "writing_model_dir", "write_model_folder",
-]
+__all__ = ["ModelFolderExistsError", "check_output_dir", "owned_by_model", "run_output_dir"]
 
 #: ``model_type`` of a Cluster-Former checkpoint's ``config.json``.
 CLUSTERFORMER_MODEL_TYPE = "clusterformer"

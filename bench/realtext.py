@@ -84,7 +84,7 @@ RUN_ONLY = ("output_dir", "record_dir", "report_only", "plan_only", "stop_after"
 CPU = dict(
     seeds=[0], device="cpu", dtype="float32", parallel=True, gradient_checkpointing=True, threads=1, threads_a=2,
     time_limit=0, cluster_kind="window_cluster", route_by="states",
-    train_articles=[0, 36], validation_articles=[36, 40], layers=0, cluster_layer=3, num_clusters=64, window_size=256, window_stride=224, max_question_length=64,
+    train_articles=[0, 36], validation_articles=[36, 40], layers=0, cluster_layer=3, num_clusters=128, window_size=256, window_stride=224, max_question_length=64,
     update_every_steps=50, memory_size=20000, min_states=None, max_capture_per_forward=2048,
     a_questions=0, a_steps=500, a_batch=16, a_max_length=256, a_lr=2e-4, a_warmup=20, a_seconds=2400,
     a_eval_questions=64, a_eval_every=50, fit_batches=8,

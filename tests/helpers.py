@@ -38,6 +38,15 @@ def tiny_config(**overrides) -> ClusterFormerConfig:
     return ClusterFormerConfig(**values)
 
 
+def open_routed_paths(model) -> None:
+    """Draw the routed projections of a model's window_cluster layers away from their zero start, so that their routed
+    path takes part in the outputs (as after training)."""
+    with torch.no_grad():
+        for layer in model.base_model.encoder.layer:
+            if hasattr(layer, "routed_output"):
+                layer.routed_output.weight.normal_(std=0.5)
+
+
 def pair_encoding(question: list[int], context: list[int]) -> list[int]:
     """RoBERTa pair layout ``<s> Q </s></s> C </s>``."""
     return [BOS, *question, SEP, SEP, *context, SEP]

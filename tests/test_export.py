@@ -8,7 +8,7 @@ two run in parallel under `make test`)."""
 import pytest
 import torch
 from hf_clusterformer_cli import main
-from helpers import pad_batch, random_example, tiny_config
+from helpers import open_routed_paths, pad_batch, random_example, tiny_config
 
 import transformers
 
@@ -27,7 +27,6 @@ from hf_clusterformer.export import (
     program_metadata,
     write_program,
 )
-from hf_clusterformer.modeling_clusterformer import WindowClusterLayer
 
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
@@ -56,10 +55,7 @@ def fitted_model(cls, seed: int, **config):
     model = cls(tiny_config(**config)).eval()
     for router in model.cluster_routers().values():
         router.fitted.fill_(True)
-    with torch.no_grad():
-        for layer in model.base_model.encoder.layer:
-            if isinstance(layer, WindowClusterLayer):
-                layer.routed_output.weight.normal_(std=0.5)
+    open_routed_paths(model)
     return model
 
 

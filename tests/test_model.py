@@ -4,7 +4,7 @@ import logging
 
 import pytest
 import torch
-from helpers import pad_batch, pair_encoding, random_example, tiny_config
+from helpers import open_routed_paths, pad_batch, pair_encoding, random_example, tiny_config
 from huggingface_hub.errors import StrictDataclassError
 from transformers import (
     AutoConfig,
@@ -26,15 +26,6 @@ ALL_KINDS = dict(num_hidden_layers=5, cluster_layers=[1, 2, 3, 4],
 def roberta_twin(config: ClusterFormerConfig) -> RobertaConfig:
     fields = RobertaConfig().to_dict().keys()
     return RobertaConfig(**{k: v for k, v in config.to_dict().items() if k in fields})
-
-
-def open_routed_paths(model) -> None:
-    """Draw the routed projections of a model's window_cluster layers away from their zero start, so that their routed
-    path takes part in the outputs (as after training)."""
-    with torch.no_grad():
-        for layer in model.base_model.encoder.layer:
-            if hasattr(layer, "routed_output"):
-                layer.routed_output.weight.normal_(std=0.5)
 
 
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import BOS, SEP, pad_batch, random_example, tiny_config
+from helpers import BOS, SEP, open_routed_paths, pad_batch, random_example, tiny_config
 from transformers import RobertaConfig, RobertaModel
 
 from hf_clusterformer import ClusterFormerForQuestionAnswering, ClusterFormerModel
@@ -17,15 +17,6 @@ ALL_KINDS = dict(num_hidden_layers=5, cluster_layers=[1, 2, 3, 4],
 def roberta_twin(config, **overrides) -> RobertaConfig:
     fields = RobertaConfig().to_dict().keys()
     return RobertaConfig(**{**{k: v for k, v in config.to_dict().items() if k in fields}, **overrides})
-
-
-def open_routed_paths(model) -> None:
-    """Draw the routed projections of a model's window_cluster layers away from their zero start, so that their routed
-    path takes part in the outputs (as after training)."""
-    with torch.no_grad():
-        for layer in model.base_model.encoder.layer:
-            if hasattr(layer, "routed_output"):
-                layer.routed_output.weight.normal_(std=0.5)
 
 
 def single_text(generator: torch.Generator, length: int, vocab: int = 100) -> list[int]:

@@ -209,6 +209,30 @@ def test_a_value_out_of_range_is_one_line_naming_the_field_when_given_or_set():
         ClusterFormerConfig(window_size="many")
 
 
+@pytest.mark.parametrize("arguments, message", [
+    (dict(layer_kinds=["sliding", "lsh"], layer_types=["sliding", "cluster"]),
+     r"^layer_types \['sliding', 'cluster'\] disagrees with layer_kinds \['sliding', 'lsh'\]; give layer_kinds\.$"),
+    (dict(cluster_layers=[1.5]), r"^cluster_layers must be a list of layer indices, got \[1\.5\]\.$"),
+    (dict(cluster_layers=[1], global_layer_type=["lsh", "cluster"]),
+     r"^global_layer_type lists 2 kinds but cluster_layers has 1 entries; give one kind or one per cluster layer\.$"),
+    (dict(global_layer_type="dense"), r"^global_layer_type 'dense' is unknown; choose from \('cluster', "),
+    (dict(custom_pipelines=["x"]), r"^custom_pipelines must be an object \(names to classes\), got \['x'\]\.$"),
+], ids=["layer_types", "indices", "kinds-count", "unknown-kind", "custom_pipelines"])
+def test_every_rule_of_the_kinds_and_the_maps_is_one_line_naming_the_argument(arguments, message):
+    with pytest.raises(ValueError, match=message):
+        ClusterFormerConfig(num_hidden_layers=2, **arguments)
+
+
+def test_a_file_refused_by_a_class_validator_or_of_another_model_type_is_one_line(tmp_path):
+    from hf_clusterformer.configuration_clusterformer import ConfigValueError
+
+    with pytest.raises(ConfigValueError, match=r"^config.json: The `output_attentions` attribute is not supported"):
+        ClusterFormerConfig.from_dict({"output_attentions": True, "attn_implementation": "sdpa"})
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    with pytest.raises(ValueError, match=r"is a 'gpt2' checkpoint, whose weights Cluster-Former cannot use; give a"):
+        ClusterFormerConfig.from_pretrained(tmp_path)
+
+
 @pytest.mark.parametrize("layout", ["shortcuts", "layer_types", "layer_kinds"])
 def test_a_config_json_of_every_layout_loads_the_same_layer_kinds(layout, tmp_path):
     """config.json as each earlier layout stored the kinds (``cluster_layers`` + ``global_layer_type``; ``layer_types``;

@@ -1,4 +1,4 @@
-"""Configuration of Cluster-Former models: a RoBERTa configuration plus the window and cluster options."""
+"""Configuration of Cluster-Former models: RoBERTa's configuration plus the window and cluster options."""
 
 import dataclasses
 import json
@@ -14,40 +14,32 @@ from transformers.utils.type_validators import activation_fn_key, positive_int_f
 
 logger = logging.get_logger(__name__)
 
-#: The kind of an encoder layer: ``sliding`` attends within one window (paper eq. 1-3); the global kinds attend across
-#: windows (paper §3.2, §4.3): K-Means ``cluster``, ``lsh`` and ``sparse`` layers; beyond the paper, ``window_cluster``
-#: keeps the window's attention and adds a cluster layer's, through a projection that starts at zero.
+#: An encoder layer's kind (the ``layer_kinds`` help says each): ``sliding`` attends within one window (paper eq. 1-3),
+#: the global kinds across windows (paper §3.2, §4.3; ``window_cluster`` beyond the paper).
 LayerKind = Literal["sliding", "cluster", "lsh", "sparse", "window_cluster"]
-#: Every value `ClusterFormerConfig.layer_kinds` may hold: the sliding-window kind, then the global kinds.
 LAYER_TYPES = get_args(LayerKind)
 SLIDING_LAYER_TYPE, GLOBAL_LAYER_TYPES = LAYER_TYPES[0], LAYER_TYPES[1:]
-#: The global kinds whose layer owns a router and sorts states into chunks by its ids.
+#: The kinds whose layer owns a router and sorts states into chunks by its ids.
 ROUTED_LAYER_TYPES = ("cluster", "lsh", "window_cluster")
 #: Arguments that spell ``layer_kinds``, read once (`read_layer_kinds`) and never stored.
 LAYER_KIND_SHORTCUTS = ("cluster_layers", "global_layer_type", "layer_types")
-#: Special tokens around the question in the longest question prefix ``<s> Q </s></s>`` (BERT's ``[CLS] Q [SEP]``: 2).
+#: Special tokens around the question in ``<s> Q </s></s>`` (BERT's ``[CLS] Q [SEP]``: 2); one more ends a pair.
 QUESTION_PREFIX_SPECIAL_TOKENS = 3
-#: Special tokens of the longest pair encoding ``<s> Q </s></s> C </s>``.
-PAIR_SPECIAL_TOKENS = QUESTION_PREFIX_SPECIAL_TOKENS + 1
 #: Most context tokens a model may be set to take (``max_context_length``): 16M, far beyond one forward pass.
 MAX_CONTEXT_LENGTH = 1 << 24
 
 
 def default_cluster_layers(num_hidden_layers: int) -> list[int]:
-    """0-based indices of the paper's cluster layers (15 and 20 of 24: the numbering of its fairseq code and of Table
-    4's rule ``l % 5 == 0 and l >= 15``) scaled to the depth and rounded; never layer 0, which a cluster layer needs
-    below it as a sliding-window layer."""
-    scaled = {min(num_hidden_layers - 1, max(1, int(i * num_hidden_layers / 24 + 0.5))) for i in (15, 20)}
-    return sorted(scaled) if num_hidden_layers >= 2 else []
+    """The paper's cluster layers (0-based 15 and 20 of 24) scaled to the depth; never layer 0 (a sliding base)."""
+    if num_hidden_layers < 2:
+        return []
+    return sorted({min(num_hidden_layers - 1, max(1, int(i * num_hidden_layers / 24 + 0.5))) for i in (15, 20)})
 
 
 def read_layer_kinds(depth: int, kinds: list[str] | None, arguments: dict, stored: list[str] | None = None
                      ) -> list[str]:
-    """The layer kinds that the constructor's or `from_pretrained`'s arguments spell: the one reader of the shortcuts
-    (popped from ``arguments``; ``layer_types`` is the former name of ``kinds``), which must agree with ``kinds``.
-    ``global_layer_type`` (one kind, or one per sorted index) at the ``cluster_layers`` indices, sliding elsewhere; one
-    left out keeps what ``kinds`` or the ``stored`` kinds (a file's, under overrides) say, else takes the default
-    (`default_cluster_layers`, ``"cluster"``). `ValueError` names the argument that does not fit."""
+    """The kinds that ``kinds`` and the shortcuts popped from ``arguments`` spell (`ValueError` if they disagree): the
+    ``global_layer_type`` at the ``cluster_layers``; one left out keeps ``kinds`` or ``stored``, else the default."""
     former = arguments.pop("layer_types", None)
     if former is not None:
         if kinds is not None and list(kinds) != list(former):
@@ -82,30 +74,26 @@ def read_layer_kinds(depth: int, kinds: list[str] | None, arguments: dict, store
 
 
 def suggested_num_clusters(context_tokens: int, window_stride: int, minimum: int = 16) -> int:
-    """Clusters per cluster layer for contexts of about ``context_tokens`` tokens: the next power of two of
-    ``context_tokens / window_stride`` (at least ``minimum``), so the average cluster fits one chunk of the sort."""
+    """Clusters per layer so that the average cluster fits one chunk: a power of two, at least ``minimum``."""
     if context_tokens < 1 or window_stride < 1:
         raise ValueError(f"context_tokens and window_stride must be positive, got {context_tokens}, {window_stride}.")
     return 1 << (max(minimum, -(-context_tokens // window_stride)) - 1).bit_length()
 
 
 def required_position_embeddings(max_question_length: int, window_size: int, pad_token_id: int | None = 1) -> int:
-    """Position embeddings a window ``<s> Q </s></s> C[window]`` needs: ``pad + 1 + (q + 3) + l`` (RoBERTa positions
-    start at ``pad_token_id + 1``, so RoBERTa configs need ``max_position_embeddings >= q + 3 + l + 2``)."""
+    """Positions a window ``<s> Q </s></s> C[window]`` needs: ``pad + 1 + (q + 3) + l`` (RoBERTa's start at pad + 1)."""
     first_position = (pad_token_id if pad_token_id is not None else 0) + 1
     return first_position + max_question_length + QUESTION_PREFIX_SPECIAL_TOKENS + window_size
 
 
 def check_context_length(value: int | None, name: str = "max_context_length") -> None:
-    """The context bound (the config's field validator, also run before a config is built): `ValueError` naming
-    ``name`` unless ``value`` (``None``: not given) is an integer from 1 to `MAX_CONTEXT_LENGTH`."""
+    """`ValueError` naming ``name`` unless ``value`` is None (not given) or an integer in 1..`MAX_CONTEXT_LENGTH`."""
     if value is not None and (type(value) is not int or not 1 <= value <= MAX_CONTEXT_LENGTH):
         raise ValueError(f"{name} must be an integer from 1 to {MAX_CONTEXT_LENGTH}, got {value!r}.")
 
 
 class ConfigValueError(ValueError):
-    """A config value of the wrong type or out of range, in one line naming the file it came from (``config.json``
-    until `at` names the checkpoint) and the fix."""
+    """A config file's value of the wrong type or out of range, in one line naming the file and the fix."""
 
     def __init__(self, problem: str, where: str = "config.json"):
         super().__init__(f"{where}: {problem}")
@@ -131,8 +119,7 @@ def _takes(annotation: Any) -> str:
 
 
 def _type_error(cls: type, error: StrictDataclassError, values: dict, given: set[str]) -> ValueError:
-    """One line for ``@strict``'s refusal of a value of the wrong type (or a class validator's): `ConfigValueError`
-    for a value of the file, a plain `ValueError` for one given as an override (a name in ``given``)."""
+    """``@strict``'s refusal in one line: `ConfigValueError` for the file's value, `ValueError` for one ``given``."""
     field = str(error).split("'")[1]
     if not isinstance(error, StrictDataclassFieldValidationError):
         problem = " ".join(str(error.__cause__ or error).split())
@@ -145,12 +132,12 @@ def _type_error(cls: type, error: StrictDataclassError, values: dict, given: set
 
 
 def _one_line_ranges(cls: type) -> type:
-    """A field validator's refusal (a value out of range) as its one-line `ValueError` naming the field, instead of
-    ``@strict``'s two lines (a wrong type stays ``@strict``'s error); and no shortcut set as an attribute."""
+    """A value out of range refused in one line naming the field (a wrong type stays ``@strict``'s error); no shortcut
+    set as an attribute (it would be saved, then clash on loading)."""
     strict_setattr = cls.__setattr__
 
     def __setattr__(self, key: str, value: Any) -> None:
-        if key in LAYER_KIND_SHORTCUTS[:2]:  # set after construction it would be saved, then clash on loading
+        if key in LAYER_KIND_SHORTCUTS[:2]:
             raise AttributeError(f"{key} is a constructor argument, not a stored field; set config.layer_kinds "
                                  "(one kind per layer) instead.")
         try:
@@ -173,14 +160,12 @@ def _option(default: Any, help: str, field: Any = dataclasses.field) -> Any:
 @_one_line_ranges
 @strict
 class ClusterFormerConfig(RobertaConfig):
-    r"""RoBERTa configuration with Cluster-Former's window and cluster options (each with its ``metadata["help"]``).
+    r"""RoBERTa's configuration with Cluster-Former's window and cluster options (each with its ``metadata["help"]``).
 
-    ``layer_kinds`` is the one stored list of layer kinds (``layer_types`` is transformers' name for its attention
-    kinds); a new kind is one more entry of `LayerKind`. The shortcuts, read once (`read_layer_kinds`) and never stored
-    (saved configs holding them still load), spell it in the constructor and as `from_pretrained` overrides:
-    ``cluster_layers`` (0-based indices of the global layers; ``[]``: a sliding-window model; default
-    `default_cluster_layers`) with ``global_layer_type`` (one kind or one per index, default ``"cluster"``), or
-    ``layer_types`` (its former name)."""
+    ``layer_kinds`` is the one stored list of layer kinds; a new kind is one more entry of `LayerKind`. Shortcuts spell
+    it in the constructor and as `from_pretrained` overrides, read once (`read_layer_kinds`) and never stored:
+    ``cluster_layers`` (0-based indices of the global layers; ``[]``: a sliding-window model) with
+    ``global_layer_type`` (one kind or one per index, default ``"cluster"``), or ``layer_types`` (its former name)."""
 
     model_type = "clusterformer"
 
@@ -217,18 +202,17 @@ class ClusterFormerConfig(RobertaConfig):
         self.layer_kinds = read_layer_kinds(self.num_hidden_layers, self.layer_kinds, kwargs)
         try:
             super().__post_init__(**kwargs)  # makes a dtype name torch's dtype
-        except AttributeError:
+        except AttributeError:  # no torch dtype of that name: refused below
             if not isinstance(self.dtype, str):
                 raise
         if self.dtype is not None and type(self.dtype).__name__ != "dtype":
             raise ValueError(f"dtype {self.dtype!r} is no torch dtype; use float32, float16 or bfloat16.")
-        self.validate_architecture()  # here too, so its rules raise their own ValueError
+        self.validate_architecture()  # here too, so that its rules raise their own one-line ValueError
 
     @classmethod
     def from_dict(cls, config_dict: dict, **kwargs):
-        """`PreTrainedConfig.from_dict`, where the shortcuts, ``layer_kinds`` and ``num_hidden_layers`` given as
-        overrides (``from_pretrained(path, cluster_layers=[])``) apply over the stored kinds (`read_layer_kinds`); a
-        value the config does not take is refused in one line, naming the file (`ConfigValueError`) or the argument."""
+        """Overrides of the kinds or the depth apply over the stored kinds; a value the config does not take is
+        refused in one line naming the file (`ConfigValueError`) or the argument."""
         given = set(kwargs) & {*cls.__dataclass_fields__, *LAYER_KIND_SHORTCUTS}
         spelling = {"layer_kinds", *LAYER_KIND_SHORTCUTS}
         try:
@@ -248,8 +232,7 @@ class ClusterFormerConfig(RobertaConfig):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, *args, **kwargs):
-        """`PreTrainedConfig.from_pretrained`, a value of the file that the config does not take refused in one line
-        naming the file (`ConfigValueError`)."""
+        """`PreTrainedConfig.from_pretrained`, a `ConfigValueError` naming the checkpoint's config file."""
         try:
             return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
         except ConfigValueError as error:
@@ -257,8 +240,7 @@ class ClusterFormerConfig(RobertaConfig):
 
     @classmethod
     def get_config_dict(cls, *args, **kwargs):
-        """A RoBERTa checkpoint's config becomes a Cluster-Former one (said once, instead of transformers' warning of a
-        model of another type); any other type is refused in one line, a BERT-family one naming what maps it."""
+        """A RoBERTa checkpoint's config becomes a Cluster-Former one; any other type is refused in one line."""
         config_dict, kwargs = super().get_config_dict(*args, **kwargs)
         model_type, source = config_dict.get("model_type"), args[0] if args else "this checkpoint"
         mapped = "hf_clusterformer.conversion.load_qa_model or convert_checkpoint"
@@ -287,11 +269,10 @@ class ClusterFormerConfig(RobertaConfig):
     @property
     def max_input_length(self) -> int:
         """Longest pair encoding ``<s> Q </s></s> C </s>`` accepted: ``q + c + 4`` tokens."""
-        return self.max_question_length + self.max_context_length + PAIR_SPECIAL_TOKENS
+        return self.max_question_length + self.max_context_length + QUESTION_PREFIX_SPECIAL_TOKENS + 1
 
     def check_input_lengths(self, question_tokens: int, context_tokens: int, where: str = "the input") -> None:
-        """Raise `ValueError` unless ``where`` has a question of at most ``max_question_length`` tokens and a
-        non-empty context of at most ``max_context_length`` tokens (both without special tokens)."""
+        """`ValueError` unless question and (non-empty) context fit the limits, counted without special tokens."""
         if question_tokens > self.max_question_length:
             raise ValueError(f"the question of {where} has {question_tokens} tokens, more than max_question_length="
                              f"{self.max_question_length}; shorten the question or use a model with a larger "
@@ -304,8 +285,7 @@ class ClusterFormerConfig(RobertaConfig):
                              f"{self.max_context_length}; truncate it or raise max_context_length.")
 
     def check_position_budget(self) -> None:
-        """Raise `ValueError` unless a question prefix plus a window fits RoBERTa's position table; checked where a
-        model is built (a RoBERTa config loads first, its window options may be set after)."""
+        """`ValueError` unless a question prefix plus a window fits the position table (checked as a model is built)."""
         needed = required_position_embeddings(self.max_question_length, self.window_size, self.pad_token_id)
         if needed > self.max_position_embeddings:
             raise ValueError(f"max_question_length ({self.max_question_length}) + 3 special tokens + window_size "
@@ -314,8 +294,7 @@ class ClusterFormerConfig(RobertaConfig):
                              "window_size.")
 
     def validate_architecture(self):
-        """The rules across fields (each field's own is checked as it is set), a `ValueError` naming the field; part
-        of ``@strict``'s validation, and run where a model is built (for options set after construction)."""
+        """The rules across fields, each a one-line `ValueError`; run by ``@strict`` and as a model is built."""
         super().validate_architecture()
         kinds = self.layer_kinds or []
         if not 0 < self.window_stride <= self.window_size:

@@ -41,6 +41,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -1077,6 +1078,61 @@ def paired_bootstrap(first, second, samples: int = 10000, seed: int = 0) -> dict
             "samples": samples}
 
 
+#: Words a shortcut baseline does not count as overlap with the question.
+STOP_WORDS = frozenset("a an the of in on at to for from by with and or is are was were be been what which who whom "
+                       "whose when where why how did do does that this these those it its as into than then there "
+                       "their his her he she they them not no".split())
+
+
+def split_sentences(text: str) -> list[str]:
+    """``text`` cut after each ``.``, ``!`` or ``?`` followed by white space (empty pieces dropped)."""
+    return [s for s in re.split(r"(?<=[.!?])\s+", text) if s.strip()]
+
+
+def content_words(text: str) -> set[str]:
+    return set(re.findall(r"\w+", text.lower())) - STOP_WORDS
+
+
+def shortcut_predictions(record: dict) -> dict[str, str]:
+    """What two answer-free readers predict for ``record``: its context's first sentence (position alone) and the
+    sentence sharing the most content words with the question, the earliest on ties (lexical overlap alone)."""
+    sentences = split_sentences(record["context"])
+    question = content_words(record["question"])
+    overlap = max(sentences, key=lambda s: (len(question & content_words(s)), -sentences.index(s)))
+    return {"first sentence": sentences[0], "question-overlap sentence": overlap}
+
+
+SHORTCUTS = ("first sentence", "question-overlap sentence")
+
+
+def shortcut_baselines(study: Study, cells: list[dict]) -> list[dict]:
+    """Per distinct cell of ``cells``: EM / F1 of the `shortcut_predictions` on the cell's very questions and
+    contexts (checked by digest), and the share of questions whose gold paragraph is the context's first."""
+    rows = []
+    for kind, length, digest in sorted({(c["kind"], c["length"], c["digest"]) for c in cells},
+                                       key=lambda cell: (cell[1], cell[0])):
+        records = study.cell_records(kind, length)
+        if cell_digest(records) != digest:
+            raise ValueError(f"the {cell_name(kind, length)} cell's inputs differ from its file's (settings changed)")
+        scores = {name: np.array([squad_scores(shortcut_predictions(r)[name], r["answers"]["text"]) for r in records])
+                  for name in SHORTCUTS}
+        rows.append({"kind": kind, "length": length, "questions": len(records),
+                     "gold_first": round(100 * float(np.mean([r["gold"] == 0 for r in records])), 1),
+                     **{name: {"em": round(float(s[:, 0].mean()), 1), "f1": round(float(s[:, 1].mean()), 1)}
+                        for name, s in scores.items()}})
+    return rows
+
+
+def baseline_table(rows: list[dict]) -> list[str]:
+    lines = ["| context | kind | " + " | ".join(f"{name} EM / F1" for name in SHORTCUTS)
+             + " | gold paragraph first (%) | questions |", "|---|---|" + "---|" * (len(SHORTCUTS) + 2)]
+    for r in rows:
+        lines.append(f"| {'gold paragraph' if r['kind'] == ORACLE else r['length']} | {r['kind']} | "
+                     + " | ".join(f"{r[n]['em']:.1f} / {r[n]['f1']:.1f}" for n in SHORTCUTS)
+                     + f" | {r['gold_first']:.1f} | {r['questions']} |")
+    return lines
+
+
 def collect(out: Path) -> list[dict]:
     """Every finished cell under ``out`` (``seed*/cells/<stage>-<model>/<cell>.json``)."""
     return [read_json(p) for p in sorted(out.glob("seed*/cells/*/*.json")) if not p.name.endswith(".partial.json")]
@@ -1171,19 +1227,20 @@ def write_report(study: Study) -> Path:
             shutil.copyfile(path, target)
     rows = comparisons(cells, study.args.bootstrap_samples)
     stages = stage_records(out)
+    baselines = shortcut_baselines(study, cells)
     summary = {"config": read_json(out / "config.json") if (out / "config.json").is_file() else None,
                "budget": read_json(out / "budget.json") if (out / "budget.json").is_file() else None,
-               "stages": stages, "comparisons": rows,
+               "stages": stages, "comparisons": rows, "shortcut_baselines": baselines,
                "cells": [{k: v for k, v in c.items() if k != "per_question"} for c in cells]}
     write_json(record / "summary.json", summary)
-    (record / "results.md").write_text("\n".join(report_text(cells, rows, stages, study.args)) + "\n")
+    (record / "results.md").write_text("\n".join(report_text(cells, rows, stages, study.args, baselines)) + "\n")
     plot(cells, record / "f1_vs_length.png")
     say(f"record written to {record}")
     say("\n".join(comparison_table(rows)))
     return record / "results.md"
 
 
-def report_text(cells: list[dict], rows: list[dict], stages: dict, args) -> list[str]:
+def report_text(cells: list[dict], rows: list[dict], stages: dict, args, baselines: list[dict]) -> list[str]:
     digests = {c["digest"] for c in cells}
     questions = sorted({c["questions"] for c in cells})
     steps = [f"{seed}: A {r['A']['steps']} steps" + "".join(f", B {m} {r[f'B {m}']['steps']} steps" for m in MODELS
@@ -1202,6 +1259,10 @@ def report_text(cells: list[dict], rows: list[dict], stages: dict, args) -> list
             "questions and contexts are the same for every model and seed).", "",
             "## Cluster-Former minus sliding window, F1 paired over questions (bootstrap 95 % interval)", "",
             *comparison_table(rows), "", "## Every cell", "", *cell_table(cells), "",
+            "## Shortcut baselines on the same cells (no model)", "",
+            "What position or word overlap alone answers: the context's first sentence, and the sentence sharing "
+            "the most content words with the question (a sentence scores partial F1 when it holds the answer).", "",
+            *baseline_table(baselines), "",
             "## Training curves", "", *curve_tables(stages), ""]
 
 

@@ -203,6 +203,10 @@ def report(args) -> Path:
                      f"{'–' if 'difference' not in r else format(r['difference'], '+.1f')} | {interval} | "
                      f"{fmt(r['gold_passage_colocated'])} | {fmt(r['distractor_colocated'])} | "
                      f"{fmt(r['gold_tokens_with_question'])} | {fmt(r['context_tokens_with_question'])} |")
+    baselines = realtext.shortcut_baselines(ScreenStudy(study_args(args, {}), args, SLIDING),
+                                            [c for (stage, _), c in sliding.items() if stage == "B"])
+    lines += ["", "Shortcut baselines on the same cells (no model): position or question-word overlap alone.", "",
+              *realtext.baseline_table(baselines)]
     steps = sorted({s for entry in summary.values() for s, _ in entry["B_loss"]})
     if steps:
         lines += ["", "Stage B training loss:", "", "| step | " + " | ".join(summary) + " |",
@@ -213,7 +217,7 @@ def report(args) -> Path:
     record = Path(args.record_dir)
     record.mkdir(parents=True, exist_ok=True)
     (record / "results.md").write_text("\n".join(lines) + "\n")
-    realtext.write_json(record / "screen.json", {"rows": rows, "models": summary})
+    realtext.write_json(record / "screen.json", {"rows": rows, "models": summary, "shortcut_baselines": baselines})
     print("\n".join(lines))
     return record / "results.md"
 

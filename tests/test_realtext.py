@@ -102,7 +102,14 @@ def test_device_script_runs_every_stage_and_writes_the_record(reference):
     assert {(r["stage"], r["kind"], r["length"]) for r in rows} == AFTER_B
     assert all(r["low"] <= r["difference"] <= r["high"] and r["questions"] == 3 for r in rows)
     text = (record / "results.md").read_text()
-    assert "Cluster-Former minus sliding window" in text and text.count("| gold paragraph | oracle |") == 4
+    # comparison, two cell rows (A, B) per model, shortcut baselines: the oracle once in each
+    assert "Cluster-Former minus sliding window" in text and text.count("| gold paragraph | oracle |") == 5
+    baselines = summary["shortcut_baselines"]
+    assert [(b["kind"], b["length"]) for b in baselines] == [("oracle", 0), ("other", 250), ("other", 400),
+                                                             ("same", 400)]
+    assert all(0 <= b[name]["em"] <= b[name]["f1"] <= 100 for b in baselines
+               for name in ("first sentence", "question-overlap sentence"))
+    assert baselines[0]["gold_first"] == 100.0 and "## Shortcut baselines on the same cells" in text
     assert "of kind `window_cluster`" in text and "the start row is the sliding start's" in text
     assert "Stage A (seed0), held-out oracle questions" in text and "Stage B (seed0), training loss" in text
     assert text.count("\n| 4 | ") == 1  # B's last logged step, a loss for both models
@@ -195,6 +202,15 @@ def test_paired_bootstrap_on_known_inputs(realtext):
         bootstrap([1.0, 2.0], [[1.0], [2.0]])
 
 
+def test_shortcut_predictions_take_position_or_question_words(realtext):
+    record = {"question": "Which river flows through the old capital?",
+              "context": "The valley is green. Its old capital sits where the river Tana flows! The river is long."}
+    predicted = realtext.shortcut_predictions(record)
+    assert predicted == {"first sentence": "The valley is green.",
+                         "question-overlap sentence": "Its old capital sits where the river Tana flows!"}
+    assert realtext.squad_scores(predicted["question-overlap sentence"], ["Tana"])[1] == pytest.approx(100 * 2 / 9)
+
+
 def test_a_folder_of_other_settings_is_refused(tmp_path, realtext):
     study = realtext.Study(realtext.parse_args(["--preset", "tiny", "--output_dir", str(tmp_path)]))
     realtext.check_config(study)
@@ -267,6 +283,8 @@ def test_the_variant_screen_scores_validation_questions(tmp_path, reference):
         assert variant["gold_tokens_with_question"] is not None and sliding["gold_tokens_with_question"] is None
     assert screen["models"]["window-keys"]["settings"]["study"]["route_by"] == "keys"
     assert len(screen["models"]["sliding"]["B_loss"]) == 2
+    assert [(b["kind"], b["length"], b["questions"]) for b in screen["shortcut_baselines"]] == [("other", 250, 3),
+                                                                                              ("same", 400, 3)]
     cell = json.loads((tmp_path / "screen" / "window-keys" / "cells" / "B-same-400.json").read_text())
     from hf_clusterformer.data.multipassage import read_squad
 

@@ -87,7 +87,7 @@ CPU = dict(
     time_limit=0, cluster_kind="window_cluster", route_by="states",
     train_articles=[0, 36], validation_articles=[36, 40], layers=0, cluster_layer=3, num_clusters=128, window_size=256, window_stride=224, max_question_length=64,
     update_every_steps=50, memory_size=20000, min_states=None, max_capture_per_forward=2048,
-    a_questions=0, a_steps=500, a_batch=16, a_max_length=256, a_lr=2e-4, a_warmup=20, a_seconds=2400,
+    a_questions=0, a_steps=500, a_batch=16, a_max_length=256, a_lr=2e-4, a_warmup=20, a_seconds=0,
     a_eval_questions=64, a_eval_every=50, fit_batches=8,
     b_steps=100, b_min_steps=100, b_batch=4, b_tokens=[1000, 4000], b_lr=1e-4, b_warmup=0.1, b_seconds=2400,
     probe_steps=10, eval_questions=200, question_seed=0, other_lengths=[2000, 4000, 8000, 16000],

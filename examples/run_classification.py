@@ -39,7 +39,7 @@ from hf_clusterformer.configuration_clusterformer import required_position_embed
 from hf_clusterformer.data import build_tokenizer
 from hf_clusterformer.data.multipassage import default_squad_path, read_squad
 from hf_clusterformer.conversion import checkpoint_model_type, convert_checkpoint, model_options
-from hf_clusterformer_files import run_output_dir
+from hf_clusterformer_writing import run_output_dir
 from hf_clusterformer.qa_training import CentroidArguments, ModelArguments, _argument_parser
 
 

@@ -28,8 +28,9 @@ from hf_clusterformer_cli_support import (
     expand_home,
     expand_home_options,
 )
-from hf_clusterformer_files import TOKENIZER_FILES, check_local_source
+from hf_clusterformer_files import TOKENIZER_FILES
 from hf_clusterformer_heads import HEADS, architectures_task, find_head, head_tasks
+from hf_clusterformer_sources import check_local_source
 
 
 #: What the running command has finished writing (``{"done": ..., "pending": ...}``): a Ctrl-C that comes after the

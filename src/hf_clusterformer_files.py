@@ -1,34 +1,26 @@
-"""File policy of every writer: which files of a folder a model or its run owns, the modes new files get, writing
-into a model folder (`writing_model_dir`, the one way every model folder is written), the one writer of a
-Cluster-Former model folder on it (`write_model_folder`: weights, config with ``auto_map``, code files, custom
-pipeline, tokenizer, card, modes), what kind of checkpoint a folder holds, and whether a local checkpoint path can
-load at all (`check_local_source`, the command's usage check before torch).
+"""The file rules of every writer: which files of a folder a model or its run owns (`owned_by_model`), the names of
+its code, result and tokenizer files, generated cards' stamps (`stamp_card`, `card_state`), the checks of an output
+folder (`check_output_dir`, `check_result_files`), the modes new files get (`default_mode`), and the record of the
+files the library wrote into a folder (`OWN_FILES_RECORD`, `written_by_library`) that tells them from the user's
+(`check_own_files`, `tokenizer_strays`).
 
-A top-level module with no imports beyond the standard library, on the bottom floor (see ARCHITECTURE.md): the
-command imports it without importing ``hf_clusterformer`` (torch, transformers). The write rule: a folder is written
-into as it is (a symlinked folder's target; its mode, owner and other files stay), each file by its own atomic
-rename; a model in it is replaced only when asked (``--overwrite`` / ``overwrite=True``), and a file that the library
-did not write (its record, `OWN_FILES_RECORD`) is never replaced without it; with it, only the library's own files
-and Trainer checkpoints are removed. Every other file (notes, logs, a hand-written README) is the user's.
+A top-level module with no imports beyond the standard library and `hf_clusterformer_sources`, on the bottom floor
+(see ARCHITECTURE.md): the command imports it without importing ``hf_clusterformer`` (torch, transformers). The write
+rule built on it is `hf_clusterformer_writing`'s; the writer of a model folder, `hf_clusterformer_model_folder`'s.
 """
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import hashlib
 import json
 import os
-import shutil
-import signal
-import sys
-import tempfile
-import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-__all__ = ["ModelFolderExistsError", "check_output_dir", "owned_by_model", "run_output_dir"]
+from hf_clusterformer_sources import checkpoint_kind, is_trainer_checkpoint
+
+__all__ = ["ModelFolderExistsError", "check_output_dir", "owned_by_model"]
 
 #: ``model_type`` of a Cluster-Former checkpoint's ``config.json``.
 CLUSTERFORMER_MODEL_TYPE = "clusterformer"
@@ -65,42 +57,6 @@ def owned_by_model(name: str) -> bool:
     """Whether a file or folder named ``name`` (in a model folder) belongs to the model or its run (see
     `MODEL_FILE_NAMES`, `MODEL_FILE_PATTERNS`); other names are the user's."""
     return name in MODEL_FILE_NAMES or any(fnmatch.fnmatchcase(name, pattern) for pattern in MODEL_FILE_PATTERNS)
-
-
-def looks_local(path: str) -> bool:
-    """Whether a model argument is meant as a directory rather than a Hub id (``name`` or ``user/name``): it starts
-    with ``.``, ``/`` or ``~``, has more than one ``/``, ends with one, or starts with an existing folder."""
-    return path.startswith((".", "/", "~", "\\")) or path.count("/") > 1 or path.endswith("/") or (
-        "/" in path and os.path.isdir(path.split("/")[0])
-    )
-
-
-def check_local_source(source: Any, what: str = "checkpoint") -> str:
-    """``source`` (a checkpoint directory or Hub id) as a string, after failing fast in one line on what cannot load
-    without asking the Hub: `TypeError` (not a str or path), `NotADirectoryError` (a file), `FileNotFoundError` (a
-    folder without ``config.json``, or a missing path that `looks_local`). A name that may be a Hub id passes."""
-    if isinstance(source, bytes) or not isinstance(source, (str, os.PathLike)):
-        raise TypeError(f"{what} must be a checkpoint directory or Hub id (a str or path), got "
-                        f"{type(source).__name__} {source!r}.")
-    path = os.fspath(source)
-    if os.path.isfile(path):
-        raise NotADirectoryError(f"{what} {path} is a file; give the checkpoint directory (with config.json).")
-    if os.path.isdir(path):
-        if not os.path.isfile(os.path.join(path, "config.json")):
-            raise FileNotFoundError(f"{what} {path} has no config.json; give a checkpoint directory.")
-    elif isinstance(source, os.PathLike) or looks_local(path):
-        raise FileNotFoundError(f"{what} directory {path} does not exist.")
-    return path
-
-
-def checkpoint_kind(path: str | os.PathLike) -> str | None:
-    """The ``model_type`` of a local checkpoint folder's ``config.json`` (``"clusterformer"``, ``"roberta"``, ...), or
-    None when ``path`` is no folder with a readable config."""
-    try:
-        config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return config.get("model_type") if isinstance(config, dict) else None
 
 
 def stamp_card(text: str) -> str:
@@ -211,20 +167,9 @@ def apply_default_modes(folder: str | os.PathLike, suffixes: Sequence[str] = (".
             os.chmod(os.path.join(folder, name), mode)
 
 
-class _Terminated(BaseException):
-    """SIGTERM arrived while a model folder was being written (raised by `_terminate_cleanly`'s handler)."""
-
-
-class WriteInterrupted(KeyboardInterrupt):
-    """Ctrl-C (or SIGTERM) during a model write; its message says what the folder holds now (the old model, or the
-    new one in full)."""
-
-
 #: The hidden record of the files this library wrote into a folder (name -> SHA-256), what tells its own files from
 #: the user's; never uploaded (`hub_files` skips hidden files).
 OWN_FILES_RECORD = ".clusterformer-files.json"
-#: Prefix of the hidden folder a write stages its files in, inside the output folder (so every rename is atomic).
-STAGING_PREFIX = ".clusterformer-write-"
 #: Names that are always the model's own (records of this library's state, never the user's).
 _ALWAYS_OWN = (OWN_FILES_RECORD,)
 
@@ -253,13 +198,6 @@ def library_files(folder: str | os.PathLike) -> dict[str, str]:
         return {}
     files = record.get("files") if isinstance(record, dict) else None
     return {k: v for k, v in files.items() if isinstance(v, str)} if isinstance(files, dict) else {}
-
-
-def is_trainer_checkpoint(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a Trainer checkpoint folder (``checkpoint-*`` holding its ``trainer_state.json``)."""
-    path = Path(path)
-    return (path.name.startswith("checkpoint-") and not path.is_symlink() and path.is_dir()
-            and (path / "trainer_state.json").is_file())
 
 
 def written_by_library(folder: str | os.PathLike, name: str, record: dict[str, str] | None = None) -> bool:
@@ -292,14 +230,6 @@ def tokenizer_strays(folder: str | os.PathLike, names: Sequence[str]) -> list[st
     return _foreign(output_folder(folder), reads, library_files(folder)) if reads else []
 
 
-def _set_aside(folder: Path, names: Sequence[str]) -> None:
-    """Rename each of ``names`` in ``folder`` to ``NAME.yours`` (a free name), saying so: kept, but not read."""
-    for name in names:
-        kept = next(f"{name}.yours{n or ''}" for n in range(1000) if not (folder / f"{name}.yours{n or ''}").exists())
-        os.replace(folder / name, folder / kept)
-        print(f"kept your {folder / name} as {kept} (the new tokenizer would read it)", file=sys.stderr)
-
-
 def check_own_files(folder: str | os.PathLike, names: Sequence[str], overwrite: bool = False,
                     option: str = "overwrite=True") -> None:
     """Raise `ModelFolderExistsError` naming the first of ``names`` (files a model is about to write) that exists
@@ -322,371 +252,3 @@ def check_own_files(folder: str | os.PathLike, names: Sequence[str], overwrite: 
             f"{folder / name}{more} {what}, and the new model would replace it; pass {option} to replace it, "
             "move it away, or give another folder."
         )
-
-
-#: Files every saved model writes, checked before a write starts (a refusal costs nothing); the rest are checked
-#: before the new files are put in place.
-EXPECTED_FILES = ("config.json", "model.safetensors", *CODE_FILES, "tokenizer.json", "tokenizer_config.json",
-                  "special_tokens_map.json")
-
-
-@contextlib.contextmanager
-def _terminate_cleanly() -> Iterator[dict[str, Any]]:
-    """Within the block, SIGTERM raises `_Terminated` (so that ``finally`` clauses run, as for SIGINT) unless the
-    returned state's ``"committing"`` is set, when SIGTERM and SIGINT are noted in ``"pending"`` and acted on after
-    the block (the process ends by SIGTERM; SIGINT raises `WriteInterrupted`), with ``"said"`` written first. Where
-    SIGTERM already has a handler of its own (or outside the main thread) nothing changes."""
-    state: dict[str, Any] = {"committing": False, "pending": None, "said": ""}
-    if threading.current_thread() is not threading.main_thread():
-        yield state
-        return
-    own_term = signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-    previous_int = signal.getsignal(signal.SIGINT)
-
-    def handler(signum, frame):
-        if state["committing"]:
-            state["pending"] = signum
-        elif signum == signal.SIGTERM:
-            raise _Terminated()
-        else:
-            raise KeyboardInterrupt()
-
-    if own_term:
-        signal.signal(signal.SIGTERM, handler)
-    if previous_int is signal.default_int_handler:
-        signal.signal(signal.SIGINT, handler)
-    try:
-        yield state
-    except _Terminated:
-        state["pending"] = signal.SIGTERM
-    finally:
-        if own_term:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        if previous_int is signal.default_int_handler:
-            signal.signal(signal.SIGINT, previous_int)
-    if state["pending"] == signal.SIGTERM:  # the folder is as it was (or complete): end as SIGTERM would have
-        if state["said"]:
-            print(state["said"], file=sys.stderr, flush=True)
-        os.kill(os.getpid(), signal.SIGTERM)
-        raise SystemExit(128 + signal.SIGTERM)
-    if state["pending"] == signal.SIGINT:
-        raise WriteInterrupted(state["said"])
-
-
-def _remove_leftovers(folder: Path) -> None:
-    """Remove the staging folders of writes that were killed (SIGKILL, a power cut) before they finished, saying so."""
-    for leftover in sorted(folder.glob(STAGING_PREFIX + "*")):
-        if leftover.is_dir() and not leftover.is_symlink():
-            shutil.rmtree(leftover, ignore_errors=True)
-            print(f"removed {leftover}, left by a write into {folder} that was killed before it finished",
-                  file=sys.stderr)
-
-
-@contextlib.contextmanager
-def writing_model_dir(
-    path: str | os.PathLike, overwrite: bool = False, option: str = "overwrite=True", *, check: bool = True,
-) -> Iterator[Path]:
-    """The one way a model (or a run's files) is written into a folder: into a hidden staging folder inside it,
-    then each file put in place on its own by an atomic rename.
-
-    The folder itself is never replaced: a symlinked ``path`` is written through to its target, and the folder's
-    mode, owner, group and other files stay. Refuses (before anything is written, unless ``check`` is false) a
-    folder that holds a model unless ``overwrite``; and, before anything is put in place, a file the new model
-    writes that exists and is not this library's own (`written_by_library`; symlinks included) unless
-    ``overwrite`` (then a symlink is replaced, never written through). With ``overwrite`` the old model's own files
-    the new one does not write, and its Trainer checkpoints, are removed; nothing else is. New files get the usual
-    mode (`default_mode`) and are recorded in `OWN_FILES_RECORD`.
-
-    A failure or Ctrl-C / SIGTERM before the files are put in place leaves the folder as it was, except that the
-    Trainer checkpoints of an interrupted run are kept; one while they are put in place is held until they all
-    are. Either way the `WriteInterrupted` (or, for SIGTERM, the line on stderr) says which model the folder holds.
-    """
-    target = output_folder(path)
-    check_output_dir(path, overwrite or not check, option)
-    created = not target.exists()
-    target.mkdir(parents=True, exist_ok=True)
-    _remove_leftovers(target)
-    check_own_files(target, EXPECTED_FILES if check else (), overwrite, option)
-    with _terminate_cleanly() as termination:
-        staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=target))
-        try:
-            try:
-                yield staging
-            except BaseException as error:
-                kept = _keep_checkpoints(staging, target)
-                if isinstance(error, (KeyboardInterrupt, _Terminated)):
-                    termination["said"] = _interrupted_line(target, created, kept)
-                    if isinstance(error, KeyboardInterrupt) and not isinstance(error, WriteInterrupted):
-                        raise WriteInterrupted(termination["said"]) from None
-                raise
-            names = [p.name for p in staging.iterdir()]
-            check_own_files(target, names, overwrite, option)
-            termination["committing"] = True
-            _set_aside(target, tokenizer_strays(target, names))  # with overwrite: kept, but not read
-            _put_in_place(staging, target, replace_model=overwrite and holds_model(staging))
-            termination["said"] = f"interrupted after {target} was written in full (the new model)"
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-            if created and not any(target.iterdir()):
-                target.rmdir()
-
-
-def _interrupted_line(target: Path, created: bool, kept: list[str]) -> str:
-    """What an interrupted write says: the folder is as it was, and which of the run's checkpoints were kept."""
-    line = f"interrupted: {target} is left as it was" + ("" if created else " (its earlier files kept)")
-    return line + (f"; this run's checkpoints {', '.join(kept)} are kept in it" if kept else "")
-
-
-def _keep_checkpoints(staging: Path, target: Path) -> list[str]:
-    """Move the Trainer checkpoints of an interrupted run from ``staging`` into ``target`` (where no folder of the
-    user's has their name; a Trainer checkpoint of the same name is replaced); their names."""
-    kept = []
-    for checkpoint in sorted(staging.glob("checkpoint-*")):
-        destination = target / checkpoint.name
-        if not is_trainer_checkpoint(checkpoint):
-            continue
-        if destination.exists() or destination.is_symlink():
-            if not is_trainer_checkpoint(destination):
-                continue
-            shutil.rmtree(destination)
-        os.replace(checkpoint, destination)
-        kept.append(checkpoint.name)
-    return kept
-
-
-def _put_in_place(staging: Path, target: Path, replace_model: bool) -> None:
-    """`writing_model_dir`'s last step: each entry of ``staging`` replaces its namesake in ``target`` by a rename
-    (a replaced folder is moved aside first); with ``replace_model``, the old model's own files and Trainer
-    checkpoints that were not replaced go; then the record of the library's files is updated."""
-    record = library_files(target)
-    file_mode, folder_mode = default_mode(), default_mode(directory=True)
-    aside = Path(tempfile.mkdtemp(prefix=".replaced-", dir=staging))
-    names = sorted(p.name for p in staging.iterdir() if p != aside and p.name != OWN_FILES_RECORD)
-    written = {name: file_sha256(staging / name) for name in names if (staging / name).is_file()}
-    if replace_model:  # the old model's own files that the new one does not write
-        for name in sorted(os.listdir(target)):
-            if name in names or name.startswith(STAGING_PREFIX) or name == OWN_FILES_RECORD:
-                continue
-            if written_by_library(target, name, record) and (name in record or is_trainer_checkpoint(target / name)):
-                os.replace(target / name, aside / name)
-                record.pop(name, None)
-    for name in names:
-        source, destination = staging / name, target / name
-        os.chmod(source, folder_mode if source.is_dir() else file_mode)
-        if source.is_dir() and (destination.is_dir() and not destination.is_symlink()):
-            os.replace(destination, aside / name)
-        os.replace(source, destination)
-    record = {name: digest for name, digest in record.items() if (target / name).is_file()}
-    record.update(written)
-    record_file = staging / OWN_FILES_RECORD
-    record_file.write_text(json.dumps({"files": dict(sorted(record.items()))}, indent=1) + "\n", encoding="utf-8")
-    os.chmod(record_file, file_mode)
-    os.replace(record_file, target / OWN_FILES_RECORD)
-
-
-def write_file(path: str | os.PathLike, data: str | bytes, overwrite: bool = False, option: str = "overwrite=True",
-               own: bool = False) -> Path:
-    """Write one file atomically (a temporary file beside it, then a rename), with the usual mode. A symlink at
-    ``path`` is refused unless ``overwrite``, and then the link is replaced, never written through. ``own``: record
-    the file as this library's (`OWN_FILES_RECORD` of its folder), as a model's card is."""
-    path = Path(path)
-    if path.is_symlink() and not overwrite:
-        raise ModelFolderExistsError(f"{path} is a symlink; pass {option} to replace the link (its target is never "
-                                     "written), or give another path.")
-    raw = data.encode("utf-8") if isinstance(data, str) else data
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(raw)
-        os.chmod(temporary, default_mode())
-        os.replace(temporary, path)
-    finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-    if own:
-        record = library_files(path.parent)
-        record[path.name] = hashlib.sha256(raw).hexdigest()
-        write_file(path.parent / OWN_FILES_RECORD, json.dumps({"files": dict(sorted(record.items()))}, indent=1) + "\n",
-                   overwrite=True)
-    return path
-
-
-def last_checkpoint(folder: str | os.PathLike) -> str | None:
-    """The Trainer checkpoint in ``folder`` with the most steps (``resume_from_checkpoint=True``), or None."""
-    found = [p for p in Path(folder).glob("checkpoint-*") if p.name[11:].isdigit() and is_trainer_checkpoint(p)]
-    return str(max(found, key=lambda p: int(p.name[11:]))) if found else None
-
-
-@contextlib.contextmanager
-def run_output_dir(training_args: Any, overwrite: bool, check_records: bool = True) -> Iterator[None]:
-    """The write rule of a training run's ``training_args.output_dir`` (a `transformers.TrainingArguments`).
-
-    Training (not resuming) into a folder that holds a model or a run's records (`RESULT_FILES`) is refused unless
-    ``overwrite``; an evaluation keeps an earlier run's records unless ``overwrite`` (when ``check_records``). The
-    run writes into a staging folder (``training_args.output_dir`` points there inside the block) whose files are
-    put in place when the block ends (`writing_model_dir`); an interrupted run keeps its Trainer checkpoints.
-    """
-    output_dir = training_args.output_dir
-    resume = training_args.resume_from_checkpoint
-    training = training_args.do_train and not resume
-    if training:
-        check_output_dir(output_dir, overwrite, "--overwrite", results=RESULT_FILES)
-    elif check_records and not training_args.do_train:
-        check_result_files(output_dir, RESULT_FILES, overwrite, "--overwrite")
-    if resume is True or (isinstance(resume, str) and resume.lower() == "true"):
-        training_args.resume_from_checkpoint = last_checkpoint(output_folder(output_dir)) or resume
-    with writing_model_dir(output_dir, overwrite=overwrite, option="--overwrite", check=training) as staging:
-        training_args.output_dir = str(staging)
-        try:
-            yield
-        finally:
-            training_args.output_dir = output_dir
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The one writer of a model folder
-# ----------------------------------------------------------------------------------------------------------------
-
-#: The ``custom_pipelines`` entry of a question-answering checkpoint: the task mapped to its copy of ``pipeline.py``.
-CUSTOM_PIPELINE = {
-    "question-answering": {
-        "impl": "pipeline.ClusterFormerQuestionAnsweringPipeline",
-        "pt": ["AutoModelForQuestionAnswering"],
-        "type": "text",
-    }
-}
-
-
-def _modeling_module(model: Any) -> Any:
-    """The modeling module ``model``'s class comes from (the package's, or a Hub checkpoint's own copy)."""
-    for cls in type(model).__mro__:
-        if cls.__module__.rsplit(".", 1)[-1] == "modeling_clusterformer":
-            return sys.modules[cls.__module__]
-    raise ValueError(f"{type(model).__name__} is no Cluster-Former model; only those are written as model folders.")
-
-
-def model_auto_map(model: Any) -> dict[str, str]:
-    """The ``auto_map`` of ``model``'s checkpoint: the config, the base model and, for a head, every head (each
-    loadable from it as transformers loads a RoBERTa checkpoint into another head), as the modeling file registers
-    its classes for the Auto classes when it is imported."""
-    module = _modeling_module(model)
-    auto_map = {"AutoConfig": f"configuration_clusterformer.{type(model.config).__name__}"}
-    head = getattr(type(model), "_auto_class", None) not in (None, "AutoModel")
-    for cls in vars(module).values():
-        auto = vars(cls).get("_auto_class") if isinstance(cls, type) and cls.__module__ == module.__name__ else None
-        if isinstance(auto, str) and (head or auto == "AutoModel"):
-            auto_map[auto] = f"modeling_clusterformer.{cls.__name__}"
-    return auto_map
-
-
-def apply_auto_map(model: Any) -> None:
-    """Set ``model.config.auto_map`` to `model_auto_map` (over entries of its own), as every saved folder has it."""
-    model.config.auto_map = {**(getattr(model.config, "auto_map", None) or {}), **model_auto_map(model)}
-
-
-def _base_save_pretrained(model: Any) -> Any:
-    """transformers' own ``save_pretrained`` of ``model`` (below the Cluster-Former override, which calls the writer)."""
-    for cls in type(model).__mro__:
-        if cls.__module__.startswith("transformers.") and "save_pretrained" in vars(cls):
-            return vars(cls)["save_pretrained"]
-    raise TypeError(f"{type(model).__name__} is no transformers model.")
-
-
-def _names_code(entry: Any) -> bool:
-    """Whether a ``custom_pipelines`` entry names a class of the checkpoint's own ``pipeline.py``."""
-    return isinstance(entry, dict) and str(entry.get("impl", "")).startswith("pipeline.")
-
-
-def _set_config_field(config: Any, name: str, value: Any) -> None:
-    if value is not None:
-        setattr(config, name, value)
-    elif name in vars(config):
-        delattr(config, name)
-
-
-def _code_files(model: Any) -> list[Path]:
-    """The code files a folder of ``model`` gets (`CODE_FILES`; ``pipeline.py`` for a question-answering model whose
-    modeling file has it beside it), where they are copied from."""
-    code = Path(_modeling_module(model).__file__).parent
-    # a QA checkpoint maps the task to its copy of pipeline.py (when at hand); no other keeps an entry naming it
-    question_answering = type(model).__name__.endswith("ForQuestionAnswering") and (code / CODE_FILES[2]).is_file()
-    return [code / name for name in (CODE_FILES if question_answering else CODE_FILES[:2])]
-
-
-def _check_in_place(folder: Path, code: Sequence[Path], tokenizer: bool, overwrite: bool, option: str) -> None:
-    """Before a write into ``folder`` as it is (``save_pretrained``): `ModelFolderExistsError` for a code file there
-    that the library did not write and that differs from the one to be copied (a file of the user's), or with a
-    ``tokenizer``, for a tokenizer file of the user's, unless ``overwrite`` (then those the new tokenizer does not
-    write are set aside); its config and weights are transformers' to replace."""
-    folder = output_folder(folder)
-    if not folder.is_dir():
-        return
-    same = {path.name for path in code if (folder / path.name).is_file() and not (folder / path.name).is_symlink()
-            and file_sha256(folder / path.name) == file_sha256(path)}
-    names = [path.name for path in code if path.name not in same] + list(TOKENIZER_FILES[:2] if tokenizer else ())
-    check_own_files(folder, names, overwrite, option)
-    if tokenizer:
-        _set_aside(folder, tokenizer_strays(folder, names))
-
-
-def _write_model_files(model: Any, folder: Path, tokenizer: Any, card: Any, verify: Any, save_args: tuple,
-                       save_options: dict) -> None:
-    """`write_model_folder`'s files, written into ``folder`` as it is."""
-    folder.mkdir(parents=True, exist_ok=True)
-    config, code = model.config, _code_files(model)
-    question_answering = len(code) == len(CODE_FILES)
-    apply_auto_map(model)
-    previous = getattr(config, "custom_pipelines", None)
-    pipelines = {task: entry for task, entry in (previous or {}).items() if not _names_code(entry)}
-    if question_answering:
-        pipelines.update(json.loads(json.dumps(CUSTOM_PIPELINE)))
-    _set_config_field(config, "custom_pipelines", pipelines or None)
-    try:
-        _base_save_pretrained(model)(model, folder, *save_args, **save_options)
-    finally:  # written into this folder only: a later push of the model itself goes through here again
-        _set_config_field(config, "custom_pipelines", previous)
-    if not save_options.get("is_main_process", True):
-        return
-    for path in code:  # each recorded as the library's (a symlink there is replaced, never written through)
-        write_file(output_folder(folder) / path.name, path.read_bytes(), overwrite=True, own=True)
-    apply_default_modes(folder)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(folder)
-    if card is not None:  # a call makes it once the weights and config are written
-        (folder / "README.md").write_text(stamp_card(str(card() if callable(card) else card)), encoding="utf-8")
-    if verify is not None:
-        verify(folder)
-
-
-def write_model_folder(
-    model: Any, path: str | os.PathLike, tokenizer: Any = None, card: Any = None, *, overwrite: bool = False,
-    option: str = "overwrite=True", in_place: bool = False, verify: Any = None, save_args: tuple = (),
-    check: bool = True, **save_options: Any,
-) -> Path:
-    """The one writer of a Cluster-Former model folder: every way of saving one ends here (``model.save_pretrained``
-    and so the Trainer's checkpoints, the pipeline's ``save_pretrained``, `hf_clusterformer.hub.save_for_hub`,
-    conversion, a training run's final save).
-
-    Writes the weights and ``config.json`` (transformers' ``save_pretrained``, ``save_args`` / ``save_options``
-    passed on) with `model_auto_map` as ``auto_map`` and, for a question-answering model, `CUSTOM_PIPELINE` as
-    ``custom_pipelines``; the code files (`CODE_FILES`, ``pipeline.py`` only for question answering) copied from the
-    model's own modeling file's folder; weight files with the usual mode; ``tokenizer`` when given; ``card`` (text,
-    or a call returning it) as a stamped ``README.md`` when given. ``verify(folder)`` may raise before the files are put in place.
-
-    A model with NaN or inf weights is refused (`ValueError`) before anything is written. The folder is written by
-    `writing_model_dir` (its refusals; ``overwrite``, ``option``), or, ``in_place``, into ``path`` as it is (what
-    transformers' ``save_pretrained`` does; code and tokenizer files of the user's refused, unless ``check`` is false:
-    a folder being written already).
-    """
-    try:  # NaN or inf weights are never written (a Hub copy from before the check has none)
-        getattr(_modeling_module(model), "check_finite", lambda model: None)(model)
-    except ValueError as error:
-        raise ValueError(f"nothing was written to {path}: {error}") from None
-    if in_place:
-        if check and save_options.get("is_main_process", True):  # unchecked: a folder this write owns (a run's)
-            _check_in_place(Path(path), _code_files(model), tokenizer is not None, overwrite, option)
-        _write_model_files(model, Path(path), tokenizer, card, verify, save_args, save_options)
-        return Path(path)
-    with writing_model_dir(path, overwrite, option) as staging:
-        _write_model_files(model, staging, tokenizer, card, verify, save_args, save_options)
-    return Path(path)

@@ -18,6 +18,18 @@ ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = ROOT / "pyproject.toml"
 ARCHITECTURE = ROOT / "ARCHITECTURE.md"
 SRC = ROOT / "src"
+#: The top-level modules of the ground floor (every top-level module but the command), each with the only project
+#: modules it may import: the rest of its imports are the standard library's, so the command imports them without
+#: torch. The command's error type and parser; the table of heads; checkpoint kinds and the local-source check; the
+#: file rules; staged writes of a folder or file; the one writer of a model folder.
+GROUND_TOP_LEVEL = {
+    "hf_clusterformer_cli_support": {"hf_clusterformer_heads"},
+    "hf_clusterformer_heads": set(),
+    "hf_clusterformer_sources": set(),
+    "hf_clusterformer_files": {"hf_clusterformer_sources"},
+    "hf_clusterformer_writing": {"hf_clusterformer_files", "hf_clusterformer_sources"},
+    "hf_clusterformer_model_folder": {"hf_clusterformer_files", "hf_clusterformer_writing"},
+}
 
 
 def _floors() -> list[list[str]]:
@@ -116,6 +128,14 @@ def test_the_command_sits_on_top():
     assert _project_imports(SRC / "hf_clusterformer_cli.py") >= {"hf_clusterformer_cli_support", "hf_clusterformer.conversion"}
 
 
+def test_ground_floor_top_level_modules_import_the_standard_library_only():
+    """Every top-level module but the command is on the ground floor and imports only the standard library and the
+    ground-floor modules `GROUND_TOP_LEVEL` allows it."""
+    assert {path.stem for path in SRC.glob("hf_clusterformer_*.py")} - {"hf_clusterformer_cli"} == set(GROUND_TOP_LEVEL)
+    for name, allowed in GROUND_TOP_LEVEL.items():
+        assert _imports(SRC / f"{name}.py") <= set(sys.stdlib_module_names) | {"__future__"} | allowed, name
+
+
 def test_the_cycle_finder_finds_a_circle():
     class Graph:
         imports = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
@@ -141,13 +161,13 @@ def _resolve(name: str) -> object:
 
 
 def test_architecture_page_floors_match_the_contract():
-    """The page's floor table lists, top floor first, the contract's floors (plus the three top-level modules)."""
+    """The page's floor table lists, top floor first, the contract's floors (plus the top-level modules)."""
     rows = [line for line in ARCHITECTURE.read_text(encoding="utf-8").splitlines() if re.match(r"\| \d\. ", line)]
     page = [{name if name.startswith("hf_clusterformer_") else f"hf_clusterformer.{name}"
              for name in re.findall(r"`([\w.]+)`", row.split("|")[2])} for row in rows]
     assert page[0] == {"hf_clusterformer_cli"}
     expected = [set(floor) for floor in _floors()]
-    expected[-1] |= {"hf_clusterformer_cli_support", "hf_clusterformer_files", "hf_clusterformer_heads"}
+    expected[-1] |= set(GROUND_TOP_LEVEL)
     assert page[1:] == expected
 
 

@@ -25,13 +25,8 @@ from transformers import RobertaConfig, RobertaForQuestionAnswering
 from hf_clusterformer import ClusterFormerForQuestionAnswering
 from hf_clusterformer.hub import save_for_hub
 from hf_clusterformer_cli import main
-from hf_clusterformer_files import (
-    OWN_FILES_RECORD,
-    ModelFolderExistsError,
-    WriteInterrupted,
-    library_files,
-    writing_model_dir,
-)
+from hf_clusterformer_files import OWN_FILES_RECORD, ModelFolderExistsError, library_files
+from hf_clusterformer_writing import WriteInterrupted, writing_model_dir
 
 TINY_TRAIN = [
     "--hidden_size", "32", "--num_hidden_layers", "2", "--num_attention_heads", "2", "--intermediate_size", "64",

@@ -46,7 +46,8 @@ def test_the_wheel_holds_the_library_and_nothing_of_the_research_package(wheel):
             "hf_clusterformer/modelcard_template.md", "hf_clusterformer_cli.py"} <= set(names)
     tops = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
     assert tops == {"hf_clusterformer", "hf_clusterformer_cli.py", "hf_clusterformer_cli_support.py", "hf_clusterformer_files.py",
-                    "hf_clusterformer_heads.py"}
+                    "hf_clusterformer_heads.py", "hf_clusterformer_model_folder.py", "hf_clusterformer_sources.py",
+                    "hf_clusterformer_writing.py"}
     assert [name for name in names if "/experiment/" in name or Path(name).name in RESEARCH_FILES] == []
     assert "longrange.py" in RESEARCH_FILES and "running.py" in RESEARCH_FILES  # the check above checks something
     with zipfile.ZipFile(wheel) as archive:

@@ -1,6 +1,6 @@
 """One writer of a model folder: every public way of saving a Cluster-Former model (``model.save_pretrained``,
 `save_for_hub`, the pipeline's ``save_pretrained``, conversion, a training run's checkpoint and final save) goes
-through `hf_clusterformer_files.write_model_folder` and yields the same model files and the same ``auto_map`` and
+through `hf_clusterformer_model_folder.write_model_folder` and yields the same model files and the same ``auto_map`` and
 ``custom_pipelines`` for the same head."""
 
 from __future__ import annotations
@@ -12,13 +12,15 @@ import pytest
 import torch
 from transformers import RobertaConfig, RobertaForQuestionAnswering, TrainingArguments
 
-import hf_clusterformer_files
+import hf_clusterformer_model_folder
 from hf_clusterformer import ClusterFormerForMaskedLM, ClusterFormerForQuestionAnswering, qa_training
 from hf_clusterformer.conversion import convert_checkpoint
 from hf_clusterformer.data.tokenizer import build_tokenizer
 from hf_clusterformer.hub import hub_auto_map, save_for_hub
 from hf_clusterformer.loading import pipeline
-from hf_clusterformer_files import CODE_FILES, CUSTOM_PIPELINE, STAGING_PREFIX, library_files
+from hf_clusterformer_files import CODE_FILES, library_files
+from hf_clusterformer_model_folder import CUSTOM_PIPELINE
+from hf_clusterformer_writing import STAGING_PREFIX
 
 from helpers import tiny_config
 
@@ -30,13 +32,13 @@ MODEL_FILES = {"config.json", "model.safetensors", *CODE_FILES}
 def written(monkeypatch) -> list[Path]:
     """The folders `write_model_folder` wrote its files into, in order (its one inner step, spied on)."""
     folders: list[Path] = []
-    inner = hf_clusterformer_files._write_model_files
+    inner = hf_clusterformer_model_folder._write_model_files
 
     def spy(model, folder, *args, **kwargs):
         folders.append(Path(folder).resolve())
         return inner(model, folder, *args, **kwargs)
 
-    monkeypatch.setattr(hf_clusterformer_files, "_write_model_files", spy)
+    monkeypatch.setattr(hf_clusterformer_model_folder, "_write_model_files", spy)
     return folders
 
 

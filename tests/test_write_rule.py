@@ -851,7 +851,7 @@ def test_sigterm_while_a_model_folder_is_written_leaves_no_partial_folder(tmp_pa
     (folder / "config.json").write_text('{"old": 1}', encoding="utf-8")
     code = """
 import sys, time
-from hf_clusterformer_files import writing_model_dir
+from hf_clusterformer_writing import writing_model_dir
 with writing_model_dir(sys.argv[1], overwrite=True) as staging:
     (staging / "config.json").write_text("{}", encoding="utf-8")
     print("writing", flush=True)

@@ -25,14 +25,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-# the file policy (which files a model owns, modes, writing a folder at once) has one home
-from hf_clusterformer_files import (
-    CODE_FILES,
-    CUSTOM_PIPELINE,
-    ModelFolderExistsError,
-    apply_auto_map,
-    write_model_folder,
-)
+# the file rules (which files a model owns) and the one writer of a model folder have one home each
+from hf_clusterformer_files import CODE_FILES, ModelFolderExistsError
+from hf_clusterformer_model_folder import CUSTOM_PIPELINE, apply_auto_map, write_model_folder
 import hf_clusterformer_heads
 from hf_clusterformer_heads import find_head
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -62,7 +57,7 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 _HUB_CODE_PACKAGES = {"torch", "transformers", "huggingface_hub"}
 #: Folders the Trainer writes for resuming (optimizer state, RNG state); never uploaded.
 _TRAINER_CHECKPOINT_PREFIX = "checkpoint-"
-_CUSTOM_PIPELINE = CUSTOM_PIPELINE  # the one writer's entry (`hf_clusterformer_files.write_model_folder`)
+_CUSTOM_PIPELINE = CUSTOM_PIPELINE  # the one writer's entry (`hf_clusterformer_model_folder.write_model_folder`)
 
 
 def hub_auto_map(head: bool = True) -> dict[str, str]:
@@ -107,7 +102,7 @@ def prepare_for_hub(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase |
         )
     type(model.config).register_for_auto_class("AutoConfig")
     type(model).register_for_auto_class(find_head(type(model).__name__).auto_class if head else "AutoModel")
-    apply_auto_map(model)  # the one writer's (`hf_clusterformer_files.write_model_folder`), equal to `hub_auto_map`
+    apply_auto_map(model)  # the one writer's (`hf_clusterformer_model_folder`), equal to `hub_auto_map`
     if tokenizer is not None:
         needed = model.config.max_input_length
         if (tokenizer.model_max_length or 0) < needed:
@@ -161,12 +156,12 @@ def save_for_hub(
             ``results``, ``centroid_fitting``, ...); the centroid state is read from the model.
         max_shard_size: safetensors shard size.
         overwrite: replace a model already in ``save_dir`` (and files of the user's with a model file's name; other
-            files are kept, `hf_clusterformer_files.writing_model_dir`); without it such a folder is refused with
+            files are kept, `hf_clusterformer_writing.writing_model_dir`); without it such a folder is refused with
             `ModelFolderExistsError`.
 
     Returns:
         The directory. Raises `ValueError` if the result fails `check_hub_checkpoint` (``save_dir`` is then left
-        as it was). Written by the one writer of a model folder, `hf_clusterformer_files.write_model_folder`.
+        as it was). Written by the one writer of a model folder, `hf_clusterformer_model_folder.write_model_folder`.
     """
     card = _hub_card(model, tokenizer, card, card_data)
     return write_model_folder(model, save_dir, tokenizer, card, overwrite=overwrite, verify=_verify,

@@ -19,8 +19,9 @@ from typing import Any
 import hf_clusterformer_heads
 import torch
 import transformers.pipelines as hf_pipelines
-from hf_clusterformer_files import TOKENIZER_READS, check_local_source, library_files
+from hf_clusterformer_files import TOKENIZER_READS, library_files
 from hf_clusterformer_heads import find_head
+from hf_clusterformer_sources import check_local_source
 from transformers import AutoModelForQuestionAnswering, Pipeline
 from transformers.pipelines import PIPELINE_REGISTRY
 
@@ -50,7 +51,7 @@ def hub_unreachable() -> str | None:
 
 def check_checkpoint_source(source: Any, what: str = "checkpoint") -> str:
     """``source`` (a checkpoint directory or Hub id) as a string, after failing fast in one line on what cannot load:
-    what `hf_clusterformer_files.check_local_source` refuses (a file, a folder without ``config.json``, a missing
+    what `hf_clusterformer_sources.check_local_source` refuses (a file, a folder without ``config.json``, a missing
     path that looks local; no Hub request), and `OSError` for a Hub id not in the local cache while `hub_unreachable`
     (instead of the Hub client's retries)."""
     path = check_local_source(source, what)

@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from hf_clusterformer_cli_support import CommandError, OneLineParser, convert_command, expand_home, expand_home_options
-from hf_clusterformer_files import GENERATED_MARK, card_state, owned_by_model, stamp_card, write_file
+from hf_clusterformer_files import GENERATED_MARK, card_state, owned_by_model, stamp_card
 from hf_clusterformer_heads import architectures_task, find_head, head_tasks
+from hf_clusterformer_writing import write_file
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from .configuration_clusterformer import ROUTED_LAYER_TYPES, ClusterFormerConfig, ConfigValueError

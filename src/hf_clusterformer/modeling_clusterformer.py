@@ -1276,12 +1276,12 @@ class ClusterFormerPreTrainedModel(RobertaPreTrainedModel):
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         """`PreTrainedModel.save_pretrained` (the Trainer's checkpoints included) through the package's one writer of
-        a model folder, `hf_clusterformer_files.write_model_folder`, into the folder as it is: weights and config with
-        every ``auto_map`` entry, the code files (``pipeline.py`` and its ``custom_pipelines`` entry for a QA model;
-        code files of the user's there are refused unless ``overwrite=True``), usual modes. A Hub copy of this file
-        used without the package writes the folder on its own (`_save_on_its_own`)."""
+        a model folder, `hf_clusterformer_model_folder.write_model_folder`, into the folder as it is: weights and
+        config with every ``auto_map`` entry, the code files (``pipeline.py`` and its ``custom_pipelines`` entry for a
+        QA model; code files of the user's there are refused unless ``overwrite=True``), usual modes. A Hub copy of
+        this file used without the package writes the folder on its own (`_save_on_its_own`)."""
         try:
-            from hf_clusterformer_files import write_model_folder
+            from hf_clusterformer_model_folder import write_model_folder
         except ImportError:  # a Hub copy, used without the package
             return self._save_on_its_own(save_directory, *args, **kwargs)
         write_model_folder(self, save_directory, in_place=True, save_args=args, **kwargs)

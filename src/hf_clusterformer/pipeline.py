@@ -297,12 +297,13 @@ class ClusterFormerQuestionAnsweringPipeline(Pipeline):
     def save_pretrained(self, save_directory, **kwargs):
         """Save model, tokenizer (reading up to the model's limit) and this pipeline's code so that
         ``trust_remote_code=True`` loads all three (a model of classes outside transformers gets ``auto_map``). A
-        Cluster-Former model is written by the package's one writer, `hf_clusterformer_files.write_model_folder`, into
-        the folder as it is; other models (or this file's Hub copy without the package) by transformers'."""
+        Cluster-Former model is written by the package's one writer,
+        `hf_clusterformer_model_folder.write_model_folder`, into the folder as it is; other models (or this file's Hub
+        copy without the package) by transformers'."""
         use_model_limit(self.tokenizer, self.model.config)
         if getattr(type(self.model.config), "model_type", None) == "clusterformer":
             try:
-                from hf_clusterformer_files import write_model_folder
+                from hf_clusterformer_model_folder import write_model_folder
             except ImportError:  # a Hub copy, used without the package
                 write_model_folder = None
             if write_model_folder is not None:

@@ -24,13 +24,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from hf_clusterformer_files import (
-    ModelFolderExistsError,
-    apply_default_modes,
-    check_output_dir,
-    file_sha256,
-    writing_model_dir,
-)
+from hf_clusterformer_files import ModelFolderExistsError, apply_default_modes, check_output_dir, file_sha256
+from hf_clusterformer_writing import writing_model_dir
 
 __all__ = ["fetch_pretrained"]
 
@@ -197,7 +192,7 @@ def pack_pretrained(
 ) -> Path:
     """Write a float16 copy of a verified model into ``dst`` (half the bytes), with a manifest of both hashes.
 
-    The folder is written by `hf_clusterformer_files.writing_model_dir`: a ``dst`` that already holds a model (or a
+    The folder is written by `hf_clusterformer_writing.writing_model_dir`: a ``dst`` that already holds a model (or a
     file of the user's that the model would replace) is refused unless ``overwrite`` (other files are kept), and
     a ``dst`` that is a file is refused. The weights get the usual mode (`default_mode`), not safetensors' 0600.
     """

@@ -26,7 +26,8 @@ from transformers import (
     set_seed,
 )
 
-from hf_clusterformer_files import RESULT_FILES, check_result_files, run_output_dir
+from hf_clusterformer_files import RESULT_FILES, check_result_files
+from hf_clusterformer_writing import run_output_dir
 
 from .callback import CentroidUpdateCallback, FiniteTrainingCallback
 from .centroid_updates import SMALL_MODEL_CENTROIDS, CentroidUpdateSettings
@@ -533,7 +534,7 @@ def run(
     Training into an ``output_dir`` that holds a model or a run's records (`hf_clusterformer_files.RESULT_FILES`) is
     refused (`hf_clusterformer.hub.ModelFolderExistsError`) unless ``model_args.overwrite`` (or
     ``resume_from_checkpoint``); the run writes into a staging folder whose files are put in place in ``output_dir``
-    when the run ends (`hf_clusterformer_files.writing_model_dir`: only the library's own files are replaced). An evaluation writes its records over
+    when the run ends (`hf_clusterformer_writing.writing_model_dir`: only the library's own files are replaced). An evaluation writes its records over
     earlier ones (`main`, the command, refuses that without ``--overwrite``).
 
     Returns the metrics dict (train loss/time, eval EM/F1, truncation counts).

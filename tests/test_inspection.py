@@ -202,6 +202,13 @@ def test_bad_layers_and_inputs(setup, tokenizer, example):
         plain = ClusterFormerForQuestionAnswering(_config(tokenizer, **overrides))
         with pytest.raises(ValueError, match="no cluster or LSH layers"):
             inspect_clusters(plain, tokenizer, example["question"], example["context"])
+    diverged = ClusterFormerForQuestionAnswering(_config(tokenizer))
+    with torch.no_grad():
+        diverged.roberta.encoder.layer[0].output.dense.weight[0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"holds weights that are NaN or inf \(1 tensors: roberta\.encoder\.layer\.0"
+                                         r"\.output\.dense\.weight\)") as error:
+        inspect_clusters(diverged, tokenizer, example["question"], example["context"])
+    assert "\n" not in str(error.value)
 
 
 def test_pairs_apart_matches_counting_every_pair():

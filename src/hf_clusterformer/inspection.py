@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from .configuration_clusterformer import ROUTED_LAYER_TYPES
-from .modeling_clusterformer import ClusterFormerPreTrainedModel, locate_question_prefix
+from .modeling_clusterformer import ClusterFormerPreTrainedModel, check_finite, locate_question_prefix
 
 
 @dataclass
@@ -165,6 +165,22 @@ def _bucket(size: int) -> str:
 
 
 @torch.no_grad()
+def _routed_layers(model: ClusterFormerPreTrainedModel, question: str, context: str) -> list[int]:
+    """The routed layers of ``model``; `ValueError` (one line) for none, an empty input, or NaN / inf weights."""
+    routed_layers = [i for i, kind in enumerate(model.config.layer_kinds) if kind in ROUTED_LAYER_TYPES]
+    if not routed_layers:
+        raise ValueError(
+            f"This model has no cluster or LSH layers to inspect, nor window_cluster ones (layer_kinds "
+            f"{model.config.layer_kinds}); give a model with a cluster layer."
+        )
+    if not context.strip():
+        raise ValueError("The context is empty.")
+    if not question.strip():
+        raise ValueError("The question is empty.")
+    check_finite(model)  # NaN states would sort into arbitrary clusters: a report of nothing
+    return routed_layers
+
+
 def inspect_clusters(
     model: ClusterFormerPreTrainedModel,
     tokenizer,
@@ -180,22 +196,15 @@ def inspect_clusters(
         tokenizer: its tokenizer.
         question, context: the input.
         layer: encoder layer index of a routed layer (default: the first one).
+
+    `ValueError` (one line) for a layer that is not routed, an empty input, or weights that are NaN or inf.
     """
     config = model.config
-    routed_layers = [i for i, kind in enumerate(config.layer_kinds) if kind in ROUTED_LAYER_TYPES]
-    if not routed_layers:
-        raise ValueError(
-            f"This model has no cluster or LSH layers to inspect, nor window_cluster ones (layer_kinds "
-            f"{config.layer_kinds}); give a model with a cluster layer."
-        )
+    routed_layers = _routed_layers(model, question, context)
     if layer is None:
         layer = routed_layers[0]
     if layer not in routed_layers:
         raise ValueError(f"Layer {layer} is not a cluster/LSH layer; choose one of {routed_layers}.")
-    if not context.strip():
-        raise ValueError("The context is empty.")
-    if not question.strip():
-        raise ValueError("The question is empty.")
     encoding = tokenizer(question, context, return_tensors="pt")
     device = next(model.parameters()).device
     was_training = model.training

@@ -51,7 +51,7 @@ import importlib.abc, sys
 
 class _HidePlugin(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0] == "hf_clusterformer":
+        if name.partition(".")[0].startswith("hf_clusterformer"):  # the package and its top-level modules
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
         return None
 

@@ -239,6 +239,34 @@ with torch.no_grad():
     assert torch.tensor(json.loads(result.stdout.strip().splitlines()[-1])) == pytest.approx(expected)
 
 
+def test_a_hub_copy_saving_on_its_own_keeps_the_users_code_files(tmp_path):
+    """Row: the Hub copy of the modeling file, used without the package, saved into a folder holding the user's own
+    ``modeling_clusterformer.py`` and replaced it (transformers copies its code files) without a word."""
+    ClusterFormerForQuestionAnswering(tiny_config()).save_pretrained(tmp_path / "hub")
+    target = tmp_path / "mine"
+    target.mkdir()
+    (target / "modeling_clusterformer.py").write_text("# my own model\n")
+    code = """
+from transformers import AutoModelForQuestionAnswering
+model = AutoModelForQuestionAnswering.from_pretrained(sys.argv[1], trust_remote_code=True)
+try:
+    model.save_pretrained(sys.argv[2])
+except FileExistsError as error:
+    print("refused:", error)
+model.save_pretrained(sys.argv[3])
+model.save_pretrained(sys.argv[3])  # its own files again: no refusal
+model.save_pretrained(sys.argv[2], overwrite=True)
+print("saved")
+"""
+    result = _without_package(code, str(tmp_path / "hub"), str(target), str(tmp_path / "fresh"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    refused, saved = result.stdout.strip().splitlines()[-2:]
+    assert refused == (f"refused: {target} holds code files of its own (modeling_clusterformer.py), which saving this "
+                       "model would replace; save to another folder, or pass overwrite=True.")
+    assert saved == "saved" and (target / "model.safetensors").is_file()
+    assert (target / "modeling_clusterformer.py").read_text() != "# my own model\n"  # overwrite=True replaced it
+
+
 def test_question_answering_task_once_registered(converted, tmp_path):
     """A folder with the pipeline code in config.json: transformers' own rule asks for trust_remote_code, so the
     calls that use this package's pipeline are hf_clusterformer.pipeline and pipeline_class=."""

@@ -1044,6 +1044,14 @@ class UntrainedModelError(ValueError):
     """The model's QA head was newly initialised and never trained, so its answers would be random."""
 
 
+def _same_file_content(first: str, second: str) -> bool:
+    """Whether both files exist and hold the same bytes."""
+    if not (os.path.isfile(first) and os.path.isfile(second)):
+        return False
+    with open(first, "rb") as a, open(second, "rb") as b:
+        return a.read() == b.read()
+
+
 def non_finite_weights(model: nn.Module) -> list[str]:
     """Names of the floating-point parameters and buffers of ``model`` holding a NaN or inf (empty when all are
     finite; tensors on the meta device are skipped)."""
@@ -1290,9 +1298,18 @@ class ClusterFormerPreTrainedModel(RobertaPreTrainedModel):
         """`save_pretrained` without the package: a folder complete for what its ``config.json`` promises:
         ``pipeline.py`` beside it when ``custom_pipelines`` names it (a config loaded from a Hub checkpoint does), or
         no such entry when that file is not at hand or the model has no QA head; and weight files with the usual mode
-        under the umask (transformers writes them 0600)."""
+        under the umask (transformers writes them 0600). Code files of the user's there (other than the ones this copy
+        writes) are refused unless ``overwrite=True``."""
+        overwrite = kwargs.pop("overwrite", False)
+        here = os.path.dirname(os.path.abspath(__file__))
+        theirs = [name for name in ("configuration_clusterformer.py", "modeling_clusterformer.py", "pipeline.py")
+                  if os.path.isfile(os.path.join(save_directory, name)) and not _same_file_content(
+                      os.path.join(save_directory, name), os.path.join(here, name))]
+        if theirs and not overwrite:
+            raise FileExistsError(f"{save_directory} holds code files of its own ({', '.join(theirs)}), which saving "
+                                  "this model would replace; save to another folder, or pass overwrite=True.")
         pipelines = getattr(self.config, "custom_pipelines", None) or {}
-        code = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pipeline.py")
+        code = os.path.join(here, "pipeline.py")
         names_code = any(str(entry.get("impl", "")).startswith("pipeline.") for entry in pipelines.values()
                          if isinstance(entry, dict))
         dropped = names_code and (not os.path.isfile(code) or not isinstance(self, ClusterFormerForQuestionAnswering))

@@ -29,7 +29,7 @@ from hf_clusterformer_cli_support import (
     expand_home_options,
 )
 from hf_clusterformer_files import TOKENIZER_FILES
-from hf_clusterformer_heads import HEADS, architectures_task, find_head, head_tasks
+from hf_clusterformer_heads import architectures_task, find_head, head_names, head_tasks
 from hf_clusterformer_sources import check_local_source
 
 
@@ -369,41 +369,24 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
-@contextlib.contextmanager
-def _quiet_export(verbose: bool) -> Iterator[None]:
-    """Without ``-v``: none of the exporters' notes (torch.onnx's skipped torchvision ops, FutureWarnings of the
-    libraries' internals) for the block."""
-    if verbose:
-        yield
-        return
-    import logging
-    import warnings
-
-    onnx = logging.getLogger("torch.onnx")
-    level = onnx.level
-    onnx.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            yield
-    finally:
-        onnx.setLevel(level)
-
-
 def _cmd_export(args: argparse.Namespace) -> int:
-    if args.out.endswith(("/", os.sep)) and not os.path.isdir(args.out):  # a folder was meant
-        raise CommandError(f"OUT {args.out} ends in /, so it names a folder; give the file to write, e.g. "
-                           f"{args.out}model.onnx or {args.out}model.pt2.")
     check_model_path(args.model, "MODEL_DIR")
     from hf_clusterformer.export import ExportError, export_format, export_model
 
+    import logging
+
+    notes = logging.getLogger("torch.onnx")  # a level set: export_model shows the exporters' notes (-v)
+    level = notes.level
+    if getattr(args, "verbose", False):
+        notes.setLevel(logging.INFO)
     try:
-        with _quiet_export(getattr(args, "verbose", False)):
-            out = export_model(args.model, args.out, format=args.format, allow_untrained=args.allow_untrained,
-                               overwrite=args.overwrite, quantize=args.quantize)
+        out = export_model(args.model, args.out, format=args.format, allow_untrained=args.allow_untrained,
+                           overwrite=args.overwrite, quantize=args.quantize)
     except ExportError as error:
         raise CommandError(str(error).replace("allow_untrained=True (--allow-untrained)", "--allow-untrained")
                            .replace("overwrite=True (--overwrite)", "--overwrite")) from error
+    finally:
+        notes.setLevel(level)
     kind = args.format or export_format(out)
     _finished(f"{out} was written in full")
     print(f"wrote {out} ({kind}{', int8 weights' if args.quantize else ''}: dynamic batch and length); run it with "
@@ -537,8 +520,8 @@ def _add_convert(commands: argparse._SubParsersAction, model_options: bool) -> N
     convert.add_argument("--overwrite", action="store_true",
                          help="replace a model already in OUTPUT_DIR, and files of yours with a model file's name (other "
                          "files are kept)")
-    keys = [head.key for head in HEADS if head.key not in head_tasks()]
-    convert.add_argument("--task", choices=[*head_tasks(), *keys], default=None,
+    keys = head_names()[len(head_tasks()):]
+    convert.add_argument("--task", choices=list(head_names()), default=None,
                          help="the head to build, by its pipeline task or its key (" + ", ".join(keys) + "; default: "
                               "a Cluster-Former source's own, else question-answering); a head the source lacks is "
                               "new: it needs --allow-untrained")

@@ -142,8 +142,13 @@ HEADS: tuple[Head, ...] = (
 
 
 def head_tasks() -> tuple[str, ...]:
-    """The pipeline task of every head, in table order (the command's ``--task`` choices)."""
+    """The pipeline task of every head, in table order."""
     return tuple(head.task for head in HEADS)
+
+
+def head_names() -> tuple[str, ...]:
+    """What names a head (the command's ``--task`` choices): every pipeline task, then every key that is no task."""
+    return (*head_tasks(), *(head.key for head in HEADS if head.key not in head_tasks()))
 
 
 def find_head(name: str | None) -> Head | None:

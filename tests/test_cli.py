@@ -679,7 +679,7 @@ def test_a_quoted_home_folder_and_a_folder_meant_by_a_trailing_slash(roberta_qa,
     capsys.readouterr()
     assert main(["export", str(model_dir), "out/"]) == 2
     line = capsys.readouterr().err.strip()
-    assert line == ("clusterformer: error: OUT out/ ends in /, so it names a folder; give the file to write, e.g. "
+    assert line == ("clusterformer: error: out/ ends in /, so it names a folder; give the file to write, e.g. "
                     "out/model.onnx or out/model.pt2.")
     assert not (cwd / "out").exists()
     assert main(["convert", str(roberta_qa), "~nosuchuser-cf/out"]) == 2

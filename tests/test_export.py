@@ -227,3 +227,46 @@ def test_onnx_files_are_optimised_once_and_attention_reads_one_additive_mask_per
     # every layer's 6 linear maps, a window_cluster layer's Q/K/V on its chunks and its routed projection: stored
     assert sum(node.input[1] in weights for node in products) >= 5 * 6 + 4
     assert runners["onnx"].quantize is None and runners["int8"].quantize == "int8"
+
+
+QUIET_EXPORT = """
+import sys, warnings
+sys.path.insert(0, {tests!r})
+from helpers import tiny_config
+from hf_clusterformer import ClusterFormerForQuestionAnswering
+from hf_clusterformer.export import ExportError, export_model
+
+warnings.simplefilter("always")
+model = ClusterFormerForQuestionAnswering(tiny_config(num_hidden_layers=2, cluster_layers=[1]))
+for router in model.cluster_routers().values():
+    router.fitted.fill_(True)
+try:
+    export_model(model, "out/", allow_untrained=True)
+except ExportError as error:
+    print("refused:", error)
+print("wrote", export_model(model, "~/m.onnx", allow_untrained=True))
+"""
+
+
+def test_export_model_reads_paths_as_meant_and_keeps_the_exporters_notes_to_itself(tmp_path):
+    """In Python, ``export_model(model, "out/")`` wrote a file named ``out``, ``"~/m.onnx"`` a folder named ``~``, and
+    the first ONNX export of a process printed torch.onnx's notes on torchvision ops it skips (and FutureWarnings of
+    torch's internals). A fresh process, as a user's script: one line for the folder, the file under the home folder,
+    nothing else on stderr."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    home = tmp_path / "home"
+    home.mkdir()
+    script = QUIET_EXPORT.format(tests=str(Path(__file__).parent))
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "HOME": str(home), "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == [
+        "refused: out/ ends in /, so it names a folder; give the file to write, e.g. out/model.onnx or out/model.pt2.",
+        f"wrote {home / 'm.onnx'}"]
+    assert (home / "m.onnx").is_file() and not (tmp_path / "out").exists() and not (tmp_path / "~").exists()
+    assert "Skipping" not in done.stderr and "FutureWarning" not in done.stderr, done.stderr
+    assert "never fitted" not in done.stderr  # (the centroids were marked fitted: the one warning it may give)

@@ -145,6 +145,7 @@ def test_the_command_offers_a_new_rows_task(ranking):
     convert = build_parser(model_options=True)._subparsers._group_actions[0].choices["convert"]
     (task,) = [action for action in convert._actions if action.dest == "task"]
     assert task.choices[len(hf_clusterformer_heads.HEADS) - 1] == "text-ranking"  # the tasks, then the keys
+    assert task.choices[-1] == RANKING.key != RANKING.task
     assert hf_clusterformer_heads.architectures_task(["RobertaForRanking"]) == "text-ranking"
 
 

@@ -812,33 +812,36 @@ def test_train_and_evaluate_help_name_the_default_output_folder(capsys):
     assert text.count("--output_dir (default outputs/run_qa)") == 2
 
 
-def test_export_is_quiet_unless_verbose(hub_model, tmp_path, capsys, caplog, monkeypatch):
+def test_export_is_quiet_unless_verbose(hub_model, tmp_path, capsys, caplog):
     """Row: ``export`` printed torch.onnx's notes on skipped torchvision ops and a FutureWarning of torch's
-    internals (and "(None: ...)" for a format taken from the suffix). The export itself is stubbed (an ONNX export
-    takes about ten seconds); the notes come from the ``torch.onnx`` loggers and ``warnings``."""
+    internals (and "(None: ...)" for a format taken from the suffix). `quiet_exporters` (around every
+    `export_model`) hides both unless the ``torch.onnx`` logger's level was set, as ``-v`` sets it for the export."""
     import logging
     import warnings
 
-    import hf_clusterformer.export
+    from hf_clusterformer.export import quiet_exporters
 
-    def export_model(model, out, **options):
-        logging.getLogger("torch.onnx._internal.exporter._registration").warning("torchvision is not installed.")
-        warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated", FutureWarning)
-        return Path(out)
-
-    monkeypatch.setattr(hf_clusterformer.export, "export_model", export_model)
-    for verbose in (False, True):
+    def notes_of_a_block() -> list[str]:
         caplog.clear()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            assert main(["export", str(hub_model), str(tmp_path / "model.onnx"), *(["-v"] if verbose else [])]) == 0
-        notes = [r.getMessage() for r in caplog.records if r.name.startswith("torch.onnx")]
-        notes += [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
-        assert len(notes) == (2 if verbose else 0), notes
-        line = capsys.readouterr().out.strip().splitlines()[-1]
-        out = tmp_path / "model.onnx"
-        assert line == f"wrote {out} (onnx: dynamic batch and length); run it with " \
-                       f"hf_clusterformer.export.load_exported({str(out)!r})"
+            with quiet_exporters():
+                logging.getLogger("torch.onnx._internal.exporter._registration").warning("torchvision is missing.")
+                warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated", FutureWarning)
+        return [r.getMessage() for r in caplog.records if r.name.startswith("torch.onnx")] + [
+            str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
+
+    assert notes_of_a_block() == []
+    logging.getLogger("torch.onnx").setLevel(logging.INFO)
+    try:
+        assert len(notes_of_a_block()) == 2
+    finally:
+        logging.getLogger("torch.onnx").setLevel(logging.NOTSET)
+    out = tmp_path / "model.onnx"
+    assert main(["export", str(hub_model), str(out), "-v"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line == f"wrote {out} (onnx: dynamic batch and length); run it with " \
+                   f"hf_clusterformer.export.load_exported({str(out)!r})"
     assert logging.getLogger("torch.onnx").level == logging.NOTSET  # as before the command
 
 

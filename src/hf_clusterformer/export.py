@@ -24,11 +24,13 @@ the program, and its routed projection is an ordinary weight.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
-import os
 import logging
+import os
 import tempfile
+import warnings
 import zipfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -284,7 +286,7 @@ def export_model(
     Args:
         model: a Cluster-Former model (QA, masked LM, sequence or token classification, multiple choice, or the base
             model) or where to load one from (`load_for_export`).
-        out: the file to write.
+        out: the file to write (``~`` is expanded; a path ending in ``/`` names a folder and is refused).
         format: ``"onnx"`` (the dynamo exporter; graph optimised by onnxruntime) or ``"torch"``
             (`torch.export.save`); default: by the suffix of ``out`` (``.onnx``, ``.pt2``; ONNX for any other),
             which must agree with it.
@@ -297,7 +299,48 @@ def export_model(
     Returns:
         The path written. Raises `ExportError` (one line) on bad input.
     """
-    out = Path(out)
+    out, format = _export_target(out, format, quantize, overwrite)
+    if not isinstance(model, nn.Module):
+        model = load_for_export(model)
+    broken = non_finite_weights(model)
+    if broken:
+        raise ExportError(f"the model's weights hold NaN or inf ({len(broken)} tensors: {', '.join(broken[:3])}), so "
+                          "its outputs would be meaningless; export an earlier checkpoint, or train it again.")
+    warn_unfitted({str(i): bool(r.fitted) for i, r in model.cluster_routers().items()}, f"the export {out}")
+    untrained = untrained_weights(model)
+    if untrained and not allow_untrained:
+        raise ExportError(f"the model's {', '.join(untrained)} were never trained, so its outputs are random; train it "
+                          "first, or pass allow_untrained=True (--allow-untrained) to export it anyway.")
+    with quiet_exporters():
+        return write_program(export_program(model, length), out, format, program_metadata(model), quantize=quantize)
+
+
+@contextlib.contextmanager
+def quiet_exporters() -> Iterator[None]:
+    """Hide the exporters' notes for the block (torch.onnx's torchvision ops it skips, FutureWarnings of torch's
+    internals), unless the ``torch.onnx`` logger's level was set (``logging.getLogger("torch.onnx").setLevel(...)``
+    shows them)."""
+    logger = logging.getLogger("torch.onnx")
+    if logger.level != logging.NOTSET:
+        yield
+        return
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            yield
+    finally:
+        logger.setLevel(logging.NOTSET)
+
+
+def _export_target(out: str | os.PathLike, format: str | None, quantize: str | None, overwrite: bool
+                  ) -> tuple[Path, str]:
+    """The file `export_model` writes and its format: ``~`` expanded; `ExportError` (one line) for a path that names a
+    folder, one of a model folder's own files, an existing file without ``overwrite``, or a missing exporter."""
+    if os.fspath(out).endswith(("/", os.sep)) and not Path(out).expanduser().is_dir():  # a folder was meant
+        raise ExportError(f"{os.fspath(out)} ends in /, so it names a folder; give the file to write, e.g. "
+                          f"{os.fspath(out)}model.onnx or {os.fspath(out)}model.pt2.")
+    out = Path(out).expanduser()
     format = export_format(out, format)
     if quantize is not None and quantize not in QUANTIZATIONS:
         raise ExportError(f"unknown quantization {quantize!r}; use one of {', '.join(QUANTIZATIONS)}.")
@@ -315,18 +358,7 @@ def export_model(
         if missing:
             raise ExportError(f"ONNX export needs {' and '.join(missing)}; install the onnx extra: "
                               "pip install 'hf-clusterformer[onnx]' (or --format torch).")
-    if not isinstance(model, nn.Module):
-        model = load_for_export(model)
-    broken = non_finite_weights(model)
-    if broken:
-        raise ExportError(f"the model's weights hold NaN or inf ({len(broken)} tensors: {', '.join(broken[:3])}), so "
-                          "its outputs would be meaningless; export an earlier checkpoint, or train it again.")
-    warn_unfitted({str(i): bool(r.fitted) for i, r in model.cluster_routers().items()}, f"the export {out}")
-    untrained = untrained_weights(model)
-    if untrained and not allow_untrained:
-        raise ExportError(f"the model's {', '.join(untrained)} were never trained, so its outputs are random; train it "
-                          "first, or pass allow_untrained=True (--allow-untrained) to export it anyway.")
-    return write_program(export_program(model, length), out, format, program_metadata(model), quantize=quantize)
+    return out, format
 
 
 def export_format(out: str | os.PathLike, format: str | None = None) -> str:

@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test common-tests fuzz bench clean
+.PHONY: install demo test common-tests lint fuzz bench clean
 
 install: $(STAMP)
 
@@ -26,8 +26,12 @@ demo: install
 TEST_WORKERS ?= 2
 TEST_TIMEOUT ?= 900
 
-test: install common-tests
+test: install common-tests lint
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --timeout $(TEST_TIMEOUT) --durations=15 tests
+
+# The linter (ruff; its rules in pyproject.toml), run by `make test` before the tests.
+lint: install
+	$(PY) -m ruff check src tests bench examples research
 
 # transformers' common model tests (ModelTesterMixin), which its wheel does not ship: unpacked from the sdist of the
 # installed version into .cache/transformers-tests/ (tests/test_transformers_common.py runs them on every head).

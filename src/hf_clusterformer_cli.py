@@ -32,7 +32,6 @@ from hf_clusterformer_files import TOKENIZER_FILES
 from hf_clusterformer_heads import architectures_task, find_head, head_names, head_tasks
 from hf_clusterformer_sources import check_local_source
 
-
 #: What the running command has finished writing (``{"done": ..., "pending": ...}``): a Ctrl-C that comes after the
 #: output is complete ends the command with status 0 (`main`), saying so, or names what did not finish.
 _PROGRESS: dict[str, str | None] = {"done": None, "pending": None}
@@ -105,7 +104,8 @@ def check_usage(args: argparse.Namespace) -> None:
             check_local_source(getattr(args, attribute), what)
         except (OSError, TypeError) as error:
             raise CommandError(str(error)) from error
-    if args.command == "push" and not os.path.isdir(args.checkpoint):  # a name that could be a Hub id: push needs a folder
+    # a name that could be a Hub id: push needs a folder
+    if args.command == "push" and not os.path.isdir(args.checkpoint):
         raise CommandError(f"checkpoint directory {args.checkpoint} does not exist.")
 
 
@@ -140,11 +140,14 @@ def check_cluster_former(path: str, command: str) -> None:
                 raise CommandError(str(error)) from error
         return
     if kind not in ("roberta", "bert"):
-        raise CommandError(f"{path} is a {kind!r} checkpoint, not a Cluster-Former one; give a Cluster-Former checkpoint.")
+        raise CommandError(
+            f"{path} is a {kind!r} checkpoint, not a Cluster-Former one; give a Cluster-Former checkpoint."
+        )
     if command not in ("predict", "inspect"):
         raise CommandError(
             f"{path} is a plain {kind} checkpoint, not a Cluster-Former one; convert it first "
-            f"(`{convert_command(path, config.get('architectures'))}`, which adds the cluster layers and can --push-to) "
+            f"(`{convert_command(path, config.get('architectures'))}`, which adds the cluster layers and can "
+            "--push-to) "
             f"and {command} OUT."
         )
     from hf_clusterformer.configuration_clusterformer import ClusterFormerConfig, default_cluster_layers
@@ -155,7 +158,8 @@ def check_cluster_former(path: str, command: str) -> None:
     raise CommandError(
         f"{path} is a plain {kind} checkpoint, not a Cluster-Former one: {command} would add cluster layers {layers} "
         f"with random, never-fitted centroids and windows {window}/{stride} to it. Convert it first: `clusterformer "
-        f"convert {path} OUT{'' if question_answering else ' --allow-untrained'}` (--cluster-layers with no value keeps "
+        f"convert {path} OUT{'' if question_answering else ' --allow-untrained'}` "
+        "(--cluster-layers with no value keeps "
         "sliding windows only), then fine-tune OUT (`clusterformer train --model_name_or_path OUT`)."
     )
 
@@ -207,7 +211,9 @@ def _device(value: str | None) -> str | None:
         raise CommandError(f"--device {value} is not a device name; use cpu, cuda, cuda:1 or mps.") from error
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise CommandError(f"--device {value}: this torch build ({torch.__version__}) sees no CUDA GPU; use --device cpu.")
+            raise CommandError(
+                f"--device {value}: this torch build ({torch.__version__}) sees no CUDA GPU; use --device cpu."
+            )
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise CommandError(f"--device {value}: there are {torch.cuda.device_count()} CUDA devices; use cuda:0.")
     elif device.type == "mps" and not torch.backends.mps.is_available():
@@ -270,7 +276,8 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     try:
         qa = pipeline(model=model, tokenizer=tokenizer, device=device, allow_untrained=args.allow_untrained)
     except UntrainedModelError as error:
-        raise CommandError(f"{args.model}: {str(error).replace('allow_untrained=True (--allow-untrained)', '--allow-untrained')}") from error
+        message = str(error).replace("allow_untrained=True (--allow-untrained)", "--allow-untrained")
+        raise CommandError(f"{args.model}: {message}") from error
     encoding = tokenizer(question, context)
     tokens = len(encoding["input_ids"])
     context_tokens = sum(1 for sequence in encoding.sequence_ids() if sequence == 1)
@@ -291,7 +298,9 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         print(json.dumps({"answers": answers, "seconds": seconds, "tokens": tokens}, indent=1))
     else:
         for rank, answer in enumerate(answers, 1):
-            print(f"{rank}. {answer['answer']!r}  score {answer['score']:.4f}  chars {answer['start']}-{answer['end']}")
+            print(
+                f"{rank}. {answer['answer']!r}  score {answer['score']:.4f}  chars {answer['start']}-{answer['end']}"
+            )
         print(f"{tokens} tokens in one forward pass, {seconds:.2f} s")
     return 0
 
@@ -360,7 +369,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
               f"the push to {args.push_to} did not finish; run `clusterformer push {converted.path} {args.push_to}`"
               if args.push_to else None)
     print(f"wrote {converted.path}, a {task} model, from a {converted.source_type} checkpoint (layers "
-          f"{config.layer_kinds}, {config.num_clusters} clusters, windows {config.window_size}/{config.window_stride})")
+          f"{config.layer_kinds}, {config.num_clusters} clusters, "
+          f"windows {config.window_size}/{config.window_stride})")
     if converted.newly_initialized:
         print(f"newly initialised (train before use): {', '.join(converted.newly_initialized)}")
 
@@ -371,9 +381,9 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 def _cmd_export(args: argparse.Namespace) -> int:
     check_model_path(args.model, "MODEL_DIR")
-    from hf_clusterformer.export import ExportError, export_format, export_model
-
     import logging
+
+    from hf_clusterformer.export import ExportError, export_format, export_model
 
     notes = logging.getLogger("torch.onnx")  # a level set: export_model shows the exporters' notes (-v)
     level = notes.level
@@ -432,10 +442,16 @@ def _push(checkpoint: str, repo_id: str, private: bool = False, message: str | N
         options = {"commit_message": message} if message else {}
         info = push_model(checkpoint, repo_id, private=private, **options)
     except ValueError as error:
-        raise CommandError(f"{error}; write checkpoints with `clusterformer train` or hf_clusterformer.hub.save_for_hub.") from error
+        raise CommandError(
+            f"{error}; write checkpoints with `clusterformer train` or hf_clusterformer.hub.save_for_hub."
+        ) from error
     except HfHubHTTPError as error:
         status = error.response.status_code if error.response is not None else None
-        fix = "log in with `hf auth login` or set HF_TOKEN to a token with write access" if status in (401, 403) else "retry later"
+        fix = (
+            "log in with `hf auth login` or set HF_TOKEN to a token with write access"
+            if status in (401, 403)
+            else "retry later"
+        )
         raise CommandError(f"the Hub refused to push {target} (HTTP {status}); {fix}.") from error
     except (OSError, httpx.HTTPError) as error:  # unreachable, or the connection dropped during the upload
         raise CommandError(f"cannot push {target}: {error}; check the network or HF_ENDPOINT.") from error
@@ -445,7 +461,9 @@ def _push(checkpoint: str, repo_id: str, private: bool = False, message: str | N
           f"from_pretrained({repo_id!r}, trust_remote_code=True, revision={str(commit)!r})")
     skipped = Counter(name.split("/")[0] + ("/" if "/" in name else "") for name in hub_files(checkpoint)[1])
     if skipped:
-        listed = ", ".join(name + (f" ({count} files)" if name.endswith("/") else "") for name, count in skipped.items())
+        listed = ", ".join(
+            name + (f" ({count} files)" if name.endswith("/") else "") for name, count in skipped.items()
+        )
         print(f"skipped (training state, not uploaded): {listed}")
     return 0
 
@@ -518,8 +536,8 @@ def _add_convert(commands: argparse._SubParsersAction, model_options: bool) -> N
     convert.add_argument("output_dir")
     convert.add_argument("--num-hidden-layers", type=int, default=None, help="keep only the first N layers")
     convert.add_argument("--overwrite", action="store_true",
-                         help="replace a model already in OUTPUT_DIR, and files of yours with a model file's name (other "
-                         "files are kept)")
+                         help="replace a model already in OUTPUT_DIR, and files of yours with a model file's name "
+                         "(other files are kept)")
     keys = head_names()[len(head_tasks()):]
     convert.add_argument("--task", choices=list(head_names()), default=None,
                          help="the head to build, by its pipeline task or its key (" + ", ".join(keys) + "; default: "
@@ -527,7 +545,8 @@ def _add_convert(commands: argparse._SubParsersAction, model_options: bool) -> N
                               "new: it needs --allow-untrained")
     convert.add_argument("--allow-untrained", action="store_true",
                          help="build a head the source lacks (or holds untrained): new weights, to fine-tune")
-    convert.add_argument("--seed", type=int, default=0, help="seed of the newly initialised weights (default: %(default)s)")
+    convert.add_argument("--seed", type=int, default=0,
+                         help="seed of the newly initialised weights (default: %(default)s)")
     convert.add_argument("--push-to", default=None, help="Hub repo id to push the result to")
     convert.add_argument("--private", action="store_true")
     if model_options:
@@ -570,7 +589,9 @@ def build_parser(model_options: bool = False) -> argparse.ArgumentParser:
     _add_predict_and_inspect(commands)
     _add_convert(commands, model_options)
     _add_export(commands)
-    push = commands.add_parser("push", help="push a Cluster-Former checkpoint directory (weights, centroids, code, card)")
+    push = commands.add_parser(
+        "push", help="push a Cluster-Former checkpoint directory (weights, centroids, code, card)"
+    )
     push.add_argument("checkpoint")
     push.add_argument("repo_id")
     push.add_argument("--private", action="store_true")

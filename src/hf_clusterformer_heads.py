@@ -38,8 +38,8 @@ class Head:
     #: export traces them and the runner of an exported file checks them.
     inputs: tuple[str, ...] = ("batch", "length")
     #: How a model card describes the head (its template's ``head`` words; ``{mask}``: the mask token), with the names
-    #: of its settings rows (``longest_prefix``, ``longest_text``, ``untrained_head``; by default a pair head's) and its
-    #: widget (``widget``: ``question`` with a context, ``masked text``, ``text`` (the default) or ``none``).
+    #: of its settings rows (``longest_prefix``, ``longest_text``, ``untrained_head``; by default a pair head's) and
+    #: its widget (``widget``: ``question`` with a context, ``masked text``, ``text`` (the default) or ``none``).
     card: Mapping[str, str] = field(default_factory=dict)
     #: The card's usage snippet of the head, but for QA's (in the card's template): its imports and the code after
     #: ``long_text`` is defined (``{repo}``, ``{load}``: the loading arguments, ``{mask}``, ``{task}``).
@@ -101,8 +101,11 @@ HEADS: tuple[Head, ...] = (
             "returns": "The pipeline returns a `label` and its `score` (with `top_k=None`, every label).",
             "untrained_head": "Classification head",
         },
-        usage=("from transformers import pipeline", 'classify = pipeline("text-classification", model="{repo}"{load})\n'
-               "print(classify(long_text, top_k=None))\n"),
+        usage=(
+            "from transformers import pipeline",
+            'classify = pipeline("text-classification", model="{repo}"{load})\n'
+            "print(classify(long_text, top_k=None))\n",
+        ),
         # BERT's pooler + classifier is RoBERTa's classification head
         bert_weights={"roberta.pooler.dense.": "classifier.dense.", "classifier.": "classifier.out_proj."},
         pipeline_class="TextClassificationPipeline",
@@ -135,7 +138,10 @@ HEADS: tuple[Head, ...] = (
             "longest_prefix": "Longest question and option", "longest_text": "Longest context",
             "untrained_head": "Multiple-choice head", "widget": "none",  # the Hub has no widget for it
         },
-        usage=("import torch\nfrom transformers import AutoModelForMultipleChoice, AutoTokenizer", _MULTIPLE_CHOICE_CALL),
+        usage=(
+            "import torch\nfrom transformers import AutoModelForMultipleChoice, AutoTokenizer",
+            _MULTIPLE_CHOICE_CALL,
+        ),
         bert_weights={"roberta.pooler.": "roberta.pooler.", "classifier.": "classifier."},
     ),
 )

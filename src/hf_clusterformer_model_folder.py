@@ -67,7 +67,8 @@ def apply_auto_map(model: Any) -> None:
 
 
 def _base_save_pretrained(model: Any) -> Any:
-    """transformers' own ``save_pretrained`` of ``model`` (below the Cluster-Former override, which calls the writer)."""
+    """transformers' own ``save_pretrained`` of ``model`` (below the Cluster-Former override, which calls the
+    writer)."""
     for cls in type(model).__mro__:
         if cls.__module__.startswith("transformers.") and "save_pretrained" in vars(cls):
             return vars(cls)["save_pretrained"]
@@ -153,7 +154,8 @@ def write_model_folder(
     passed on) with `model_auto_map` as ``auto_map`` and, for a question-answering model, `CUSTOM_PIPELINE` as
     ``custom_pipelines``; the code files (`CODE_FILES`, ``pipeline.py`` only for question answering) copied from the
     model's own modeling file's folder; weight files with the usual mode; ``tokenizer`` when given; ``card`` (text,
-    or a call returning it) as a stamped ``README.md`` when given. ``verify(folder)`` may raise before the files are put in place.
+    or a call returning it) as a stamped ``README.md`` when given. ``verify(folder)`` may raise before the files are
+    put in place.
 
     A model with NaN or inf weights is refused (`ValueError`) before anything is written. The folder is written by
     `writing_model_dir` (its refusals; ``overwrite``, ``option``), or, ``in_place``, into ``path`` as it is (what

@@ -249,8 +249,8 @@ def write_file(path: str | os.PathLike, data: str | bytes, overwrite: bool = Fal
     if own:
         record = library_files(path.parent)
         record[path.name] = hashlib.sha256(raw).hexdigest()
-        write_file(path.parent / OWN_FILES_RECORD, json.dumps({"files": dict(sorted(record.items()))}, indent=1) + "\n",
-                   overwrite=True)
+        text = json.dumps({"files": dict(sorted(record.items()))}, indent=1) + "\n"
+        write_file(path.parent / OWN_FILES_RECORD, text, overwrite=True)
     return path
 
 

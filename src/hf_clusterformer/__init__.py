@@ -16,6 +16,7 @@ import sys as _sys
 import typing as _typing
 
 from .configuration_clusterformer import ClusterFormerConfig, suggested_num_clusters
+from .loading import register_pipeline
 from .modeling_clusterformer import (
     ClusterFormerForMaskedLM,
     ClusterFormerForMultipleChoice,
@@ -26,7 +27,6 @@ from .modeling_clusterformer import (
     ClusterFormerPreTrainedModel,
 )
 from .pipeline import ClusterFormerQuestionAnsweringPipeline
-from .loading import register_pipeline
 
 if _typing.TYPE_CHECKING:  # type checkers see the function; at run time the name is the module, callable as it
     from .loading import pipeline
@@ -52,8 +52,8 @@ def register_auto_classes() -> None:
 
 def _make_pipeline_module_callable() -> None:
     """The submodule ``hf_clusterformer.pipeline`` callable as `hf_clusterformer.loading.pipeline`, so that the name
-    hides neither: ``hf_clusterformer.pipeline(model=...)`` builds a pipeline, ``hf_clusterformer.pipeline.PASSAGE_TOKEN``
-    and ``import hf_clusterformer.pipeline`` reach the module."""
+    hides neither: ``hf_clusterformer.pipeline(model=...)`` builds a pipeline,
+    ``hf_clusterformer.pipeline.PASSAGE_TOKEN`` and ``import hf_clusterformer.pipeline`` reach the module."""
     import inspect
     import sys
     import types

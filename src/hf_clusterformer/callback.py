@@ -92,7 +92,9 @@ class CentroidUpdateCallback(TrainerCallback, ExportableState):
         if isinstance(saved, list):
             saved = saved[0] if saved else None
         if not saved:
-            logger.warning("Resuming without saved CentroidUpdateCallback progress; the update schedule restarts here.")
+            logger.warning(
+                "Resuming without saved CentroidUpdateCallback progress; the update schedule restarts here."
+            )
             self.last_update_step, self.last_update_epoch = state.global_step, int(round(state.epoch or 0))
             return
         attributes = saved.get("attributes", {})
@@ -111,11 +113,15 @@ class CentroidUpdateCallback(TrainerCallback, ExportableState):
 
     # -- Trainer events ------------------------------------------------------------------------------------------
 
-    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, model=None, **kwargs):
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, model=None, **kwargs
+    ):
         if model is None:
             raise ValueError("CentroidUpdateCallback needs the Trainer's model.")
         if not find_cluster_routers(model):
-            logger.warning("%s has no K-Means cluster layers; CentroidUpdateCallback does nothing.", type(model).__name__)
+            logger.warning(
+                "%s has no K-Means cluster layers; CentroidUpdateCallback does nothing.", type(model).__name__
+            )
             self.updater = None
             return
         if self.updater is None or self._model_id != id(model):
@@ -132,7 +138,11 @@ class CentroidUpdateCallback(TrainerCallback, ExportableState):
         else:
             self.last_update_step, self.last_update_epoch = None, 0
         self.updater.load_state_dict(
-            {"step_count": state.global_step, "last_update_step": self.last_update_step, "num_updates": self.num_updates}
+            {
+                "step_count": state.global_step,
+                "last_update_step": self.last_update_step,
+                "num_updates": self.num_updates,
+            }
         )
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):
@@ -142,7 +152,8 @@ class CentroidUpdateCallback(TrainerCallback, ExportableState):
         if stats is not None:
             self._record(stats, args, state, control)
         # An epoch's refit runs at its last step (or the training's), before that step's log and checkpoint, which
-        # the Trainer writes before on_epoch_end: a run resumed from that checkpoint continues like an uninterrupted one.
+        # the Trainer writes before on_epoch_end: a run resumed from that checkpoint continues like an uninterrupted
+        # one.
         if float(state.epoch or 0).is_integer() or state.global_step >= state.max_steps > 0:
             self._end_epoch(args, state, control)
 

@@ -37,7 +37,9 @@ class MemoryBank:
     allocated once, at the first `add`, on ``device`` (default: the device of the first states).
     """
 
-    def __init__(self, capacity: int = 100_000, dtype: torch.dtype = torch.float16, device: torch.device | str | None = None):
+    def __init__(
+        self, capacity: int = 100_000, dtype: torch.dtype = torch.float16, device: torch.device | str | None = None
+    ):
         if capacity < 1:
             raise ValueError(f"capacity must be positive, got {capacity}.")
         self.capacity = int(capacity)
@@ -107,7 +109,9 @@ class MemoryBank:
         self.clear()
         states = state["states"]
         if states.numel():
-            self._buffer = torch.empty(self.capacity, states.shape[1], dtype=self.dtype, device=self.device or states.device)
+            self._buffer = torch.empty(
+                self.capacity, states.shape[1], dtype=self.dtype, device=self.device or states.device
+            )
             rows = states[-self.capacity :]
             self._buffer[: rows.shape[0]] = rows.to(self._buffer)
             self._size = rows.shape[0]
@@ -134,7 +138,9 @@ class CentroidUpdateSettings:
     update_every_steps: int | None = field(
         default=None, metadata={"help": "Refit every N optimizer steps (None: no step-based refits)."}
     )
-    memory_size: int = field(default=100_000, metadata={"help": "States kept per cluster layer and rank (paper: 100k)."})
+    memory_size: int = field(
+        default=100_000, metadata={"help": "States kept per cluster layer and rank (paper: 100k)."}
+    )
     min_states: int | None = field(
         default=None,
         metadata={"help": "States banked (all ranks together) before the first fit; default min(memory_size, 32 k)."},
@@ -157,7 +163,8 @@ class CentroidUpdateSettings:
     )
 
     def __post_init__(self) -> None:
-        for name in ("update_every_epochs", "update_every_steps", "max_capture_per_forward", "max_points_per_centroid"):
+        positive = ("update_every_epochs", "update_every_steps", "max_capture_per_forward", "max_points_per_centroid")
+        for name in positive:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be positive or None, got {value}.")
@@ -179,7 +186,9 @@ class CentroidUpdateSettings:
     def build(cls, settings: CentroidUpdateSettings | None = None, **options: Any) -> CentroidUpdateSettings:
         """``settings`` (default: the defaults) with ``options`` (field names) replaced, validated."""
         if settings is not None and not isinstance(settings, cls):
-            raise ValueError(f"settings must be a {cls.__name__}, got {type(settings).__name__}; pass options by keyword.")
+            raise ValueError(
+                f"settings must be a {cls.__name__}, got {type(settings).__name__}; pass options by keyword."
+            )
         unknown = sorted(set(options) - {f.name for f in fields(cls)})
         if unknown:
             valid = ", ".join(f.name for f in fields(cls))
@@ -425,7 +434,11 @@ class CentroidUpdater:
 
     def state_dict(self) -> dict[str, Any]:
         """Progress (JSON-serialisable): ``step_count``, ``last_update_step``, ``num_updates``."""
-        return {"step_count": self.step_count, "last_update_step": self.last_update_step, "num_updates": self.num_updates}
+        return {
+            "step_count": self.step_count,
+            "last_update_step": self.last_update_step,
+            "num_updates": self.num_updates,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what `state_dict` returned."""

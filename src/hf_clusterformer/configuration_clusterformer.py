@@ -81,7 +81,8 @@ def suggested_num_clusters(context_tokens: int, window_stride: int, minimum: int
 
 
 def required_position_embeddings(max_question_length: int, window_size: int, pad_token_id: int | None = 1) -> int:
-    """Positions a window ``<s> Q </s></s> C[window]`` needs: ``pad + 1 + (q + 3) + l`` (RoBERTa's start at pad + 1)."""
+    """Positions a window ``<s> Q </s></s> C[window]`` needs: ``pad + 1 + (q + 3) + l`` (RoBERTa's start at
+    pad + 1)."""
     first_position = (pad_token_id if pad_token_id is not None else 0) + 1
     return first_position + max_question_length + QUESTION_PREFIX_SPECIAL_TOKENS + window_size
 
@@ -285,7 +286,8 @@ class ClusterFormerConfig(RobertaConfig):
                              f"{self.max_context_length}; truncate it or raise max_context_length.")
 
     def check_position_budget(self) -> None:
-        """`ValueError` unless a question prefix plus a window fits the position table (checked as a model is built)."""
+        """`ValueError` unless a question prefix plus a window fits the position table (checked as a model is
+        built)."""
         needed = required_position_embeddings(self.max_question_length, self.window_size, self.pad_token_id)
         if needed > self.max_position_embeddings:
             raise ValueError(f"max_question_length ({self.max_question_length}) + 3 special tokens + window_size "

@@ -20,13 +20,13 @@ import hf_clusterformer_heads
 from hf_clusterformer_files import TOKENIZER_FILES, check_output_dir
 from hf_clusterformer_heads import Head, architectures_task, find_head
 
+from . import modeling_clusterformer
 from .configuration_clusterformer import (
     GLOBAL_LAYER_TYPES,
     ClusterFormerConfig,
     ConfigValueError,
     check_context_length,
 )
-from . import modeling_clusterformer
 from .hub import save_for_hub
 from .loading import check_checkpoint_source, load_tokenizer
 from .modeling_clusterformer import (
@@ -90,11 +90,11 @@ class ModelOption:
 #: The constructor shortcuts of ``layer_kinds`` as options (flags that spell it by indices and one kind).
 _SHORTCUT_OPTIONS = (
     ModelOption("cluster_layers", list[int] | None, None,
-                "0-based indices of the global layers, all others sliding (none: a sliding-window model); shortcut for "
-                "layer_kinds, default the paper's layers scaled to the depth", int, True),
+                "0-based indices of the global layers, all others sliding (none: a sliding-window model); "
+                "shortcut for layer_kinds, default the paper's layers scaled to the depth", int, True),
     ModelOption("global_layer_type", str | list[str], "cluster",
-                "the kind of each of cluster_layers, one for all or one per entry; shortcut for layer_kinds", str, False,
-                GLOBAL_LAYER_TYPES),
+                "the kind of each of cluster_layers, one for all or one per entry; shortcut for layer_kinds", str,
+                False, GLOBAL_LAYER_TYPES),
 )
 
 
@@ -155,8 +155,8 @@ def _bert_as_roberta(
     from transformers.utils import logging as hf_logging
 
     if head.task == "fill-mask" and source_config.hidden_act != "gelu":
-        raise ValueError(f"{src}'s MLM head uses {source_config.hidden_act!r}; RoBERTa's LM head, which Cluster-Former "
-                         "uses, applies gelu, so its logits would differ.")
+        raise ValueError(f"{src}'s MLM head uses {source_config.hidden_act!r}; RoBERTa's LM head, which "
+                         "Cluster-Former uses, applies gelu, so its logits would differ.")
     auto_class = getattr(transformers, head.auto_class)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the head a plain encoder lacks is reported once, by the caller
@@ -195,9 +195,9 @@ def _bert_as_roberta(
 
 def convert_checkpoint(
     src: str | os.PathLike, dst: str | os.PathLike, *, num_hidden_layers: int | None = None,
-    tokenizer: str | os.PathLike | None = None, card_data: Mapping[str, Any] | None = None, revision: str | None = None,
-    token: str | bool | None = None, overwrite: bool = False, seed: int = 0, task: str | None = None,
-    allow_untrained: bool = True, **options: Any,
+    tokenizer: str | os.PathLike | None = None, card_data: Mapping[str, Any] | None = None,
+    revision: str | None = None, token: str | bool | None = None, overwrite: bool = False, seed: int = 0,
+    task: str | None = None, allow_untrained: bool = True, **options: Any,
 ) -> ConvertedCheckpoint:
     """Turn a RoBERTa, BERT-family (BERT, MiniLM, bge, e5) or Cluster-Former checkpoint into a self-contained
     Cluster-Former one.
@@ -216,15 +216,15 @@ def convert_checkpoint(
         overwrite: replace a model already in ``dst`` (see `save_for_hub`); without it such a folder is refused
             with `ModelFolderExistsError` before anything is loaded.
         seed: seeds every new weight (a new head): two conversions of one source give the same checkpoint. New
-            weights are recorded as untrained (`hf_clusterformer.modeling_clusterformer.mark_untrained`; refused until trained).
+            weights are recorded as untrained (`hf_clusterformer.modeling_clusterformer.mark_untrained`; refused
+            until trained).
         task: the head, a pipeline task of `hf_clusterformer_heads.HEADS` (``fill-mask``, ...) or its key (``mlm``,
             ...); a source's own head of that kind loads 1:1 (BERT's mapped by its ``bert_weights``). Default: a
             Cluster-Former source's own head (a bare `ClusterFormerModel` needs a ``task``), else question answering.
         allow_untrained: build a head the source lacks (or holds untrained); without it, `ConversionTaskError`.
-        options: the Cluster-Former options (`model_options`:
-            ``layer_kinds``, ``cluster_layers``, ``num_clusters``, ``window_size``, ...); one left out or ``None``
-            keeps a Cluster-Former source's own value, else the config default (``cluster_layers``: the paper's
-            placement scaled to the depth).
+        options: the Cluster-Former options (`model_options`: ``layer_kinds``, ``cluster_layers``, ``num_clusters``,
+            ``window_size``, ...); one left out or ``None`` keeps a Cluster-Former source's own value, else the config
+            default (``cluster_layers``: the paper's placement scaled to the depth).
 
     Raises: `ValueError`: ``src`` is not convertible, or the options are invalid (`ConversionTaskError`: the head does
     not fit the source). `TypeError`: not a model option.
@@ -251,8 +251,8 @@ def convert_checkpoint(
     dropped = _dropped_centroids(src, model)
     hub_id = {} if Path(src).exists() else {"base_model": str(src)}
     save_for_hub(model, loaded_tokenizer, dst, card_data={**hub_id, **dict(card_data or {})}, overwrite=overwrite)
-    return ConvertedCheckpoint(Path(dst), model.config, newly_initialized, loaded_tokenizer is not None, source.model_type,
-                               heads.built.key, dropped)
+    return ConvertedCheckpoint(Path(dst), model.config, newly_initialized, loaded_tokenizer is not None,
+                               source.model_type, heads.built.key, dropped)
 
 
 def _dropped_centroids(src: str | os.PathLike, model: PreTrainedModel) -> list[int]:
@@ -263,8 +263,8 @@ def _dropped_centroids(src: str | os.PathLike, model: PreTrainedModel) -> list[i
     after = {index: bool(router.fitted) for index, router in model.cluster_routers().items()}
     dropped = sorted(index for index, fitted in (before or {}).items() if fitted and not after.get(index))
     if dropped:
-        logger.warning("%s's fitted centroids of cluster layers %s do not fit the new cluster layout and were dropped; "
-                       "fit them again by training.", src, dropped)
+        logger.warning("%s's fitted centroids of cluster layers %s do not fit the new cluster layout and were "
+                       "dropped; fit them again by training.", src, dropped)
     return dropped
 
 
@@ -312,8 +312,8 @@ def _conversion_heads(asked: Head | None, source: PretrainedConfig, src: str | o
 
     def message(command: bool) -> str:
         choices = ", ".join(_spelt(head, command) for head in hf_clusterformer_heads.HEADS)
-        return (f"{src} holds a {source.architectures[0]}, which has no head to keep; name the head to build ({choices}), "
-                f"and {'--allow-untrained' if command else 'allow_untrained=True'}: it is new.")
+        return (f"{src} holds a {source.architectures[0]}, which has no head to keep; name the head to build "
+                f"({choices}), and {'--allow-untrained' if command else 'allow_untrained=True'}: it is new.")
 
     raise ConversionTaskError(message(False), message(True))
 
@@ -351,7 +351,9 @@ def _conversion_options(options: Mapping[str, Any]) -> dict[str, Any]:
     known = model_options()
     unknown = sorted(set(options) - set(known))
     if unknown:
-        raise TypeError(f"convert_checkpoint got unknown option(s) {unknown}; the model options are {', '.join(known)}.")
+        raise TypeError(
+            f"convert_checkpoint got unknown option(s) {unknown}; the model options are {', '.join(known)}."
+        )
     check_context_length(options.get("max_context_length"))
     return {name: list(value) if isinstance(value, (list, tuple)) else value
             for name, value in options.items() if value is not None}
@@ -455,8 +457,8 @@ def load_qa_model(
     """A Cluster-Former QA model from a Cluster-Former, RoBERTa or BERT-family checkpoint, in memory.
 
     A BERT-family checkpoint is mapped as `convert_checkpoint` maps it. Weights the checkpoint lacks (a QA head) are
-    drawn with ``seed`` and recorded as untrained (`hf_clusterformer.modeling_clusterformer.mark_untrained`), so the pipeline
-    refuses them. ``options`` override config values (e.g. ``max_context_length``).
+    drawn with ``seed`` and recorded as untrained (`hf_clusterformer.modeling_clusterformer.mark_untrained`), so the
+    pipeline refuses them. ``options`` override config values (e.g. ``max_context_length``).
     """
     check_context_length(options.get("max_context_length"))
     path = check_checkpoint_source(path)
@@ -487,11 +489,12 @@ def load_qa_model(
 
 
 def _shapes_error(path: str | os.PathLike, kwargs: dict[str, Any]) -> ValueError:
-    """One line naming the tensors of checkpoint ``path`` whose shapes its ``config.json`` does not give (a weights file
-    of another model, or a hand-edited one), instead of transformers' size-mismatch report."""
+    """One line naming the tensors of checkpoint ``path`` whose shapes its ``config.json`` does not give (a weights
+    file of another model, or a hand-edited one), instead of transformers' size-mismatch report."""
     _, info = ClusterFormerForQuestionAnswering.from_pretrained(
         path, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)
     shapes = "; ".join(f"{key} is {tuple(saved)}, its config gives {tuple(wanted)}"
                        for key, saved, wanted in info["mismatched_keys"])
-    return ValueError(f"{path}'s model.safetensors does not fit its config.json ({shapes}): the weights are of another "
-                      "model, or were edited; write the checkpoint again (`clusterformer convert`, or save_for_hub).")
+    return ValueError(f"{path}'s model.safetensors does not fit its config.json ({shapes}): the weights are of "
+                      "another model, or were edited; write the checkpoint again (`clusterformer convert`, or "
+                      "save_for_hub).")

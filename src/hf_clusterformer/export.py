@@ -8,8 +8,8 @@ and T, padded on either side (multiple choice: (B, C, T) of any C too), as the t
 (one line per fault, `ExportError`) and returns the head's outputs by name (QA: ``start_logits``, ``end_logits`` and
 ``answerable_logits`` when the model has that head; the sequence, token-classification and masked-LM heads:
 ``logits``; multiple choice: (B, C) ``logits``; the base model: ``last_hidden_state``, ``pooler_output``). A head
-whose weights were never trained (recorded when it was added: `hf_clusterformer.modeling_clusterformer.untrained_weights`) is
-refused unless ``allow_untrained``.
+whose weights were never trained (recorded when it was added:
+`hf_clusterformer.modeling_clusterformer.untrained_weights`) is refused unless ``allow_untrained``.
 
 The layout of a batch (window count, prefix width, routed chunks) depends on where its questions end, which eager
 code reads back once per forward. An exported program takes it instead from the *lengths* of two size inputs,
@@ -41,13 +41,13 @@ import torch
 from safetensors import SafetensorError
 from torch import nn
 
-from hf_clusterformer_cli_support import convert_command
 import hf_clusterformer_heads
+from hf_clusterformer_cli_support import convert_command
 from hf_clusterformer_files import holds_model, owned_by_model
 from hf_clusterformer_heads import Head, find_head
 
-from .configuration_clusterformer import ClusterFormerConfig
 from . import modeling_clusterformer
+from .configuration_clusterformer import ClusterFormerConfig
 from .loading import check_checkpoint_source, unreadable_weights
 from .modeling_clusterformer import (
     BatchSizes,
@@ -259,7 +259,8 @@ def load_for_export(path: str | os.PathLike) -> ClusterFormerPreTrainedModel:
     if config.model_type != "clusterformer":
         raise ExportError(f"{path} is a {config.model_type!r} checkpoint, not a Cluster-Former one; convert it first "
                           f"(`{convert_command(path, config.architectures)}`) and export OUT.")
-    names = [name for name in (config.architectures or ["ClusterFormerForQuestionAnswering"]) if name in EXPORT_CLASSES]
+    architectures = config.architectures or ["ClusterFormerForQuestionAnswering"]
+    names = [name for name in architectures if name in EXPORT_CLASSES]
     if not names:
         raise ExportError(f"{path} holds a {config.architectures[0]}, which does not export; export one of "
                           f"{', '.join(EXPORT_CLASSES)}.")
@@ -309,8 +310,8 @@ def export_model(
     warn_unfitted({str(i): bool(r.fitted) for i, r in model.cluster_routers().items()}, f"the export {out}")
     untrained = untrained_weights(model)
     if untrained and not allow_untrained:
-        raise ExportError(f"the model's {', '.join(untrained)} were never trained, so its outputs are random; train it "
-                          "first, or pass allow_untrained=True (--allow-untrained) to export it anyway.")
+        raise ExportError(f"the model's {', '.join(untrained)} were never trained, so its outputs are random; "
+                          "train it first, or pass allow_untrained=True (--allow-untrained) to export it anyway.")
     with quiet_exporters():
         return write_program(export_program(model, length), out, format, program_metadata(model), quantize=quantize)
 
@@ -347,7 +348,8 @@ def _export_target(out: str | os.PathLike, format: str | None, quantize: str | N
     if quantize is not None and format != "onnx":
         raise ExportError(f"--quantize {quantize} makes ONNX files; name the file {out.with_suffix('.onnx').name}.")
     if out.is_dir():
-        raise ExportError(f"{out} is a folder; give the file to write, e.g. {out / ('model' + FORMAT_SUFFIXES[format])}.")
+        example = out / ("model" + FORMAT_SUFFIXES[format])
+        raise ExportError(f"{out} is a folder; give the file to write, e.g. {example}.")
     if holds_model(out.parent) and owned_by_model(out.name):
         raise ExportError(f"{out} is one of the files of the model in {out.parent}, which an export must not replace; "
                           f"write it to another name, e.g. {out.parent / ('model' + FORMAT_SUFFIXES[format])}.")
@@ -397,7 +399,9 @@ def write_program(
     return out
 
 
-def _write_onnx(program: torch.export.ExportedProgram, out: Path, metadata: dict[str, Any], quantize: str | None) -> None:
+def _write_onnx(
+    program: torch.export.ExportedProgram, out: Path, metadata: dict[str, Any], quantize: str | None
+) -> None:
     """The ONNX file of `write_program`: export, optimise (onnxruntime's basic level, saved), quantise, label."""
     import onnx
     import onnxruntime
@@ -453,7 +457,9 @@ def additive_attention_masks(model) -> int:
                                       [float(np.finfo(np.float32).min)])
     graph.initializer.extend([allowed, blocked])
     for mask, additive in converted.items():
-        where = onnx.helper.make_node("Where", [mask, allowed.name, blocked.name], [additive], name=f"{additive}_where")
+        where = onnx.helper.make_node(
+            "Where", [mask, allowed.name, blocked.name], [additive], name=f"{additive}_where"
+        )
         made = [i for i, node in enumerate(graph.node) if mask in node.output]
         graph.node.insert(made[0] + 1 if made else 0, where)  # right after the node that makes the mask
     return len(converted)
@@ -483,7 +489,8 @@ class ExportedModel:
         self.quantize = metadata.get("quantize")
 
     def __repr__(self) -> str:
-        return f"ExportedModel({str(self.path)!r}, {self.architecture}, {self.format}{', int8' if self.quantize else ''})"
+        quantized = ", int8" if self.quantize else ""
+        return f"ExportedModel({str(self.path)!r}, {self.architecture}, {self.format}{quantized})"
 
     def __call__(self, input_ids, attention_mask=None) -> dict[str, torch.Tensor]:
         """(B, T) ids and mask ((B, C, T) for multiple choice; tensors, arrays or nested lists) -> outputs by name."""
@@ -581,7 +588,8 @@ def _read_metadata(text: str, path: Path) -> dict[str, Any]:
     """The `program_metadata` an exported file holds, or `ExportError` for a file from elsewhere."""
     try:
         metadata = json.loads(text)
-        if not isinstance(metadata, dict) or not {"config", "architecture", "input_format", "outputs"} <= set(metadata):
+        needed = {"config", "architecture", "input_format", "outputs"}
+        if not isinstance(metadata, dict) or not needed <= set(metadata):
             raise ValueError
     except ValueError:
         raise ExportError(f"{path} holds no Cluster-Former export record; export the model again with this version "

@@ -25,13 +25,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-# the file rules (which files a model owns) and the one writer of a model folder have one home each
-from hf_clusterformer_files import CODE_FILES, ModelFolderExistsError
-from hf_clusterformer_model_folder import CUSTOM_PIPELINE, apply_auto_map, write_model_folder
-import hf_clusterformer_heads
-from hf_clusterformer_heads import find_head
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.dynamic_module_utils import get_imports
+
+import hf_clusterformer_heads
+
+# the file rules (which files a model owns) and the one writer of a model folder have one home each
+from hf_clusterformer_files import CODE_FILES, ModelFolderExistsError
+from hf_clusterformer_heads import find_head
+from hf_clusterformer_model_folder import CUSTOM_PIPELINE, apply_auto_map, write_model_folder
 
 from .configuration_clusterformer import ClusterFormerConfig, ConfigValueError
 from .modeling_clusterformer import (
@@ -354,7 +356,9 @@ def push_model(
     repo_id = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model").repo_id
     if revision is not None and not create_pr:
         api.create_branch(repo_id, branch=revision, exist_ok=True)
-    operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(Path(local_dir) / name)) for name in uploaded]
+    operations = [
+        CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(Path(local_dir) / name)) for name in uploaded
+    ]
     return api.create_commit(
         repo_id,
         operations,

@@ -76,13 +76,19 @@ class ClusterReport:
         if not self.clusters:
             return (f"Cluster layer {self.layer}: nothing was routed (no state of the input took part in a cluster), "
                     "so there are no clusters to list.")
-        lines = [f"Cluster layer {self.layer}: {len(self.clusters)} non-empty clusters, chunks of {self.chunk_size} states"]
+        lines = [
+            f"Cluster layer {self.layer}: {len(self.clusters)} non-empty clusters, chunks of {self.chunk_size} states"
+        ]
         ranked = sorted(self.clusters, key=self.max_span, reverse=True)
         for cluster in ranked[:max_clusters]:
             members = self.clusters[cluster]
-            shown = ", ".join(f"{m.token!r}@{m.position}{'(q)' if m.is_question else ''}" for m in members[:max_members])
+            shown = ", ".join(
+                f"{m.token!r}@{m.position}{'(q)' if m.is_question else ''}" for m in members[:max_members]
+            )
             more = f", … +{len(members) - max_members}" if len(members) > max_members else ""
-            lines.append(f"  cluster {cluster:4d} size {len(members):5d} span {self.max_span(cluster):6d} tokens: {shown}{more}")
+            lines.append(
+                f"  cluster {cluster:4d} size {len(members):5d} span {self.max_span(cluster):6d} tokens: {shown}{more}"
+            )
         lines.append("Cluster size histogram (size: clusters):")
         histogram = Counter(_bucket(size) for size in self.sizes.values())
         for bucket in sorted(histogram, key=lambda b: int(b.split("-")[0])):
@@ -137,9 +143,13 @@ def check_plot_path(path: str | Path, overwrite: bool = False) -> Path:
     if path.suffix.lower() not in PLOT_FORMATS:
         raise ValueError(f"{path} is not a {', '.join(PLOT_FORMATS)} file name; the suffix picks the image format.")
     if path.exists() and not overwrite:
-        raise FileExistsError(f"{path} exists; pass --overwrite (overwrite=True) to replace it, or give another file name.")
+        raise FileExistsError(
+            f"{path} exists; pass --overwrite (overwrite=True) to replace it, or give another file name."
+        )
     if not path.resolve().parent.is_dir():
-        raise FileNotFoundError(f"{path}: folder {path.resolve().parent} does not exist; create it or give another path.")
+        raise FileNotFoundError(
+            f"{path}: folder {path.resolve().parent} does not exist; create it or give another path."
+        )
     return path
 
 

@@ -219,7 +219,9 @@ def _prepare(states: torch.Tensor) -> torch.Tensor:
     keep = torch.isfinite(x).all(dim=1) & (norms > 0)
     dropped = int(x.shape[0] - keep.sum())
     if dropped:
-        warnings.warn(f"spherical_kmeans dropped {dropped} of {x.shape[0]} states that were non-finite or zero.", stacklevel=3)
+        warnings.warn(
+            f"spherical_kmeans dropped {dropped} of {x.shape[0]} states that were non-finite or zero.", stacklevel=3
+        )
         x, norms = x[keep], norms[keep]
     return x / norms.unsqueeze(1)
 
@@ -317,7 +319,7 @@ def _lloyd_torch(x: torch.Tensor, centroids: torch.Tensor, num_iters: int, group
     k, d = centroids.shape
     previous = None
     iterations = 0
-    for iterations in range(1, num_iters + 1):
+    for iterations in range(1, num_iters + 1):  # noqa: B007 (the count is returned after the loop)
         ids, best = _assign(x, centroids)
         sums = torch.zeros(k, d, device=x.device).index_add_(0, ids, x)
         counts = torch.bincount(ids, minlength=k).float()
@@ -353,8 +355,8 @@ def _faiss_kmeans(x: torch.Tensor, k: int, num_iters: int, seed: int, init: torc
     """faiss Lloyd on unit rows (n, d) from unit ``init`` (k, d) -> unit centroids (k, d) on x's device.
 
     faiss' ``spherical=True`` only normalises centroids (inputs are normalised by the caller), and its default
-    ``max_points_per_centroid=256`` subsamples, so it is set to cover all rows (the caller subsamples if asked). On GPU the
-    index is pinned to x's (or the current) CUDA device: ``gpu=True`` in ``faiss.Kmeans`` would take every GPU,
+    ``max_points_per_centroid=256`` subsamples, so it is set to cover all rows (the caller subsamples if asked). On
+    GPU the index is pinned to x's (or the current) CUDA device: ``gpu=True`` in ``faiss.Kmeans`` would take every GPU,
     which under DDP means every rank on every GPU.
     """
     import faiss
@@ -491,7 +493,8 @@ def spherical_kmeans(
     init = _warm_start(init, k, x, process_group) if init is not None else None
     fit = _lloyd_subset(x, k, sum(counts), max_points_per_centroid, seed)
     if init is None:
-        init = _init_centroids(x, k, counts, init_sample_size or max(k, min(max(8 * k, 4096), 8192)), seed, process_group)
+        sample_size = init_sample_size or max(k, min(max(8 * k, 4096), 8192))
+        init = _init_centroids(x, k, counts, sample_size, seed, process_group)
     centroids, iterations = _run_backend(name, fit, init, num_iters, seed, process_group)
     if order:
         centroids = order_centroids_greedy(centroids)

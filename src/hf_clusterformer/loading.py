@@ -16,14 +16,15 @@ import re
 import socket
 from typing import Any
 
-import hf_clusterformer_heads
 import torch
 import transformers.pipelines as hf_pipelines
+from transformers import AutoModelForQuestionAnswering, Pipeline
+from transformers.pipelines import PIPELINE_REGISTRY
+
+import hf_clusterformer_heads
 from hf_clusterformer_files import TOKENIZER_READS, library_files
 from hf_clusterformer_heads import find_head
 from hf_clusterformer_sources import check_local_source
-from transformers import AutoModelForQuestionAnswering, Pipeline
-from transformers.pipelines import PIPELINE_REGISTRY
 
 from .configuration_clusterformer import ConfigValueError
 from .modeling_clusterformer import check_finite_outputs, check_trained, mark_untrained
@@ -62,7 +63,8 @@ def check_checkpoint_source(source: Any, what: str = "checkpoint") -> str:
     reason = hub_unreachable()
     if reason and not isinstance(try_to_load_from_cache(path, "config.json"), str):
         raise OSError(
-            f"{what} {path} is not a local directory, and the Hub is out of reach: {reason}; give an existing directory."
+            f"{what} {path} is not a local directory, and the Hub is out of reach: {reason}; "
+            "give an existing directory."
         )
     return path
 
@@ -135,10 +137,14 @@ def register_pipeline() -> None:
     getattr(hf_pipelines, "REMOVED_TASKS", {}).pop(TASK, None)  # transformers >= 5.2x lists removed tasks
     current = PIPELINE_REGISTRY.supported_tasks.get(TASK, {}).get("impl")
     if current is not ClusterFormerQuestionAnsweringPipeline:
-        if current is not None and getattr(current, "__name__", None) == ClusterFormerQuestionAnsweringPipeline.__name__:
+        same_name = getattr(current, "__name__", None) == ClusterFormerQuestionAnsweringPipeline.__name__
+        if current is not None and same_name:
             PIPELINE_REGISTRY.supported_tasks.pop(TASK)  # another copy of pipeline.py (e.g. loaded as Hub code)
         PIPELINE_REGISTRY.register_pipeline(
-            TASK, pipeline_class=ClusterFormerQuestionAnsweringPipeline, pt_model=AutoModelForQuestionAnswering, type="text"
+            TASK,
+            pipeline_class=ClusterFormerQuestionAnsweringPipeline,
+            pt_model=AutoModelForQuestionAnswering,
+            type="text",
         )
 
 
@@ -182,8 +188,13 @@ def pipeline(model: Any = None, tokenizer: Any = None, task: str = TASK, **kwarg
         register_pipeline()
     elif task not in _whole_text_tasks():
         raise ValueError(f"task must be one of {[TASK, *_whole_text_tasks()]}, got {task!r}.")
-    impl = ClusterFormerQuestionAnsweringPipeline if task == TASK else getattr(hf_pipelines, find_head(task).pipeline_class)
-    kwargs.setdefault("pipeline_class", impl if task == TASK else type(impl.__name__, (_WholeText, impl), {"__module__": __name__}))
+    if task == TASK:
+        impl = ClusterFormerQuestionAnsweringPipeline
+    else:
+        impl = getattr(hf_pipelines, find_head(task).pipeline_class)
+    kwargs.setdefault(
+        "pipeline_class", impl if task == TASK else type(impl.__name__, (_WholeText, impl), {"__module__": __name__})
+    )
     if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
         model, tokenizer = _load_for_pipeline(model, tokenizer, kwargs, task)
     return make_pipeline(task, model=model, tokenizer=tokenizer, **kwargs)
@@ -206,7 +217,8 @@ def check_question_answering_config(config: dict, source: Any, task: str = TASK)
     other = [h for h in heads if str(h).startswith("ClusterFormerFor") and not h.endswith(wanted)]
     if other and len(other) == len(heads):
         head = other[0].removeprefix("ClusterFormerFor")
-        own = {"MaskedLM": "fill-mask", "QuestionAnswering": TASK}.get(head, re.sub(r"(?<!^)(?=[A-Z])", "-", head).lower())
+        spelt = re.sub(r"(?<!^)(?=[A-Z])", "-", head).lower()
+        own = {"MaskedLM": "fill-mask", "QuestionAnswering": TASK}.get(head, spelt)
         what = "masked-LM" if head == "MaskedLM" else own
         fix = (f"load it with transformers.AutoModelFor{head}, or fine-tune a QA model from it with `clusterformer "
                f"train --model_name_or_path {source} --train_file ...`" if task == TASK else

@@ -24,11 +24,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
 from hf_clusterformer_cli_support import CommandError, OneLineParser, convert_command, expand_home, expand_home_options
 from hf_clusterformer_files import GENERATED_MARK, card_state, owned_by_model, stamp_card
 from hf_clusterformer_heads import architectures_task, find_head, head_tasks
 from hf_clusterformer_writing import write_file
-from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from .configuration_clusterformer import ROUTED_LAYER_TYPES, ClusterFormerConfig, ConfigValueError
 
@@ -41,7 +42,7 @@ CITATION = """@inproceedings{wang-etal-2021-cluster,
     year = "2021",
     pages = "3958--3968",
     doi = "10.18653/v1/2021.findings-acl.346",
-}"""
+}"""  # noqa: E501 (the BibTeX entry's author line, printed in every card, kept whole)
 
 _METRICS = {"exact_match": "Exact Match", "f1": "F1"}
 _METRIC_ALIASES = {"exact_match": "exact_match", "exact": "exact_match", "em": "exact_match", "f1": "f1"}
@@ -59,7 +60,9 @@ TEMPLATE = Path(__file__).resolve().parent / "modelcard_template.md"
 GENERATED_DATASETS = {
     "squad-multipassage": {
         "name": "SQuAD v1.1 multi-passage (built from the dev set)",
-        "description": "Multi-passage contexts built from the SQuAD v1.1 dev set (`hf_clusterformer.data.multipassage`)",
+        "description": (
+            "Multi-passage contexts built from the SQuAD v1.1 dev set (`hf_clusterformer.data.multipassage`)"
+        ),
     },
 }
 
@@ -107,7 +110,8 @@ def load_results(
         if not metrics:
             raise ValueError(f"No exact match or F1 value in {dict(raw_metrics)!r}.")
         run_data = entry.get("data") if isinstance(entry.get("data"), Mapping) else None
-        data = dict(entry.get("dataset") or (run_card_data(entry)["results_dataset"] if run_data else None) or dataset or {})
+        data = entry.get("dataset") or (run_card_data(entry)["results_dataset"] if run_data else None)
+        data = dict(data or dataset or {})
         if not data.get("name") or not data.get("type"):
             raise ValueError("Each result needs a dataset with a name and a type (e.g. a Hub dataset id).")
         normalised.append({"task": entry.get("task", "question-answering"), "dataset": data, "metrics": metrics})
@@ -115,9 +119,9 @@ def load_results(
 
 
 def default_widget(task: str = DEFAULT_TASK, mask_token: str = "<mask>") -> list[dict[str, str]]:
-    """One widget example of the ``task`` (a pipeline task of `hf_clusterformer_heads.HEADS`) over a text of several paragraphs (about
-    600 tokens), the answer in the last one: a question and context, a text with ``mask_token``, or a text; none for
-    multiple choice (the Hub has no widget for it)."""
+    """One widget example of the ``task`` (a pipeline task of `hf_clusterformer_heads.HEADS`) over a text of several
+    paragraphs (about 600 tokens), the answer in the last one: a question and context, a text with ``mask_token``, or
+    a text; none for multiple choice (the Hub has no widget for it)."""
     towns = ["Arden", "Belmor", "Calder", "Dunmere", "Elstow", "Fenwick", "Garlow", "Harrow", "Ilsby", "Jarrow"]
     trades = ["weaver", "baker", "smith", "potter", "miller", "tanner", "cooper", "mason", "fisher", "carter"]
     paragraphs = []
@@ -129,7 +133,8 @@ def default_widget(task: str = DEFAULT_TASK, mask_token: str = "<mask>") -> list
             "who built it or when. In winter the road is often closed and the town lives on what it stored."
         )
     paragraphs.append(
-        "The lighthouse keeper of the northern cape, Maren Holt, was born in Garlow and moved to the coast at nineteen."
+        "The lighthouse keeper of the northern cape, Maren Holt, was born in Garlow and moved to the coast at "
+        "nineteen."
     )
     context = "\n\n".join(paragraphs)
     widget = find_head(task).card.get("widget", "text")
@@ -149,8 +154,8 @@ def run_card_data(run: Mapping[str, Any]) -> dict[str, Any]:
     metrics = run.get("metrics") or {}
     results = metrics if any(_METRIC_ALIASES.get(key.removeprefix("eval_")) for key in metrics) else None
     if data.get("train_file") or data.get("validation_file"):
-        files = [f"{split} `{Path(data[key]).name}`" for split, key in (("training", "train_file"),
-                                                                         ("validation", "validation_file")) if data.get(key)]
+        splits = (("training", "train_file"), ("validation", "validation_file"))
+        files = [f"{split} `{Path(data[key]).name}`" for split, key in splits if data.get(key)]
         name = Path(data.get("validation_file") or data["train_file"]).name
         return {"datasets": [], "training_data": f"Local SQuAD-format files: {', '.join(files)}.", "results": results,
                 "results_dataset": {"name": name, "type": "json", "split": "validation"}}
@@ -159,8 +164,8 @@ def run_card_data(run: Mapping[str, Any]) -> dict[str, Any]:
         return {"datasets": [], "training_data": None, "results": results, "results_dataset": None}
     details = None
     if dataset in GENERATED_DATASETS:
-        details = (f"{data.get('train_samples')} training and {data.get('eval_samples')} validation examples, contexts "
-                   f"of {data.get('context_tokens_min')}-{data.get('context_tokens_max')} tokens, seed "
+        details = (f"{data.get('train_samples')} training and {data.get('eval_samples')} validation examples, "
+                   f"contexts of {data.get('context_tokens_min')}-{data.get('context_tokens_max')} tokens, seed "
                    f"{data.get('dataset_seed')}.")
     name = GENERATED_DATASETS.get(dataset, {}).get("name", dataset)
     return {"datasets": [dataset], "training_data": details, "results": results,
@@ -209,9 +214,9 @@ def _config(config: ClusterFormerConfig | Mapping | str | os.PathLike) -> Cluste
     kind = dict(config).get("model_type", ClusterFormerConfig.model_type)
     if kind != ClusterFormerConfig.model_type:
         raise ValueError(
-            f"{where} is a plain {kind} checkpoint's config, not a Cluster-Former one, so a card would describe cluster "
-            f"layers it does not have; convert it first (`{convert_command(where, dict(config).get('architectures'))}`) "
-            "and write the card of OUT."
+            f"{where} is a plain {kind} checkpoint's config, not a Cluster-Former one, so a card would describe "
+            "cluster layers it does not have; convert it first "
+            f"(`{convert_command(where, dict(config).get('architectures'))}`) and write the card of OUT."
         )
     values = {k: v for k, v in dict(config).items()
               if (k not in _CONFIG_FILE_FIELDS or k == "architectures") and k != "model_type"}
@@ -231,9 +236,10 @@ def make_model_card(
     base_model: str | None = None, datasets: Sequence[str] = (), training_data: str | None = None,
     results: Sequence[Mapping] | Mapping | str | os.PathLike | None = None,
     results_dataset: Mapping[str, str] | None = None, centroids_fitted: Mapping[int, bool] | None = None,
-    centroid_fitting: str | None = None, widget: Sequence[Mapping[str, str]] | None = None, license: str = "apache-2.0",
-    language: str | Sequence[str] | None = "en", tags: Sequence[str] = (), description: str | None = None,
-    revision: str | None = None, task: str | None = None, mask_token: str | None = None,
+    centroid_fitting: str | None = None, widget: Sequence[Mapping[str, str]] | None = None,
+    license: str = "apache-2.0", language: str | Sequence[str] | None = "en", tags: Sequence[str] = (),
+    description: str | None = None, revision: str | None = None, task: str | None = None,
+    mask_token: str | None = None,
 ) -> ModelCard:
     """Build the README.md of a Cluster-Former checkpoint.
 
@@ -244,7 +250,8 @@ def make_model_card(
         datasets: Hub dataset ids it was trained on (metadata ``datasets``).
         training_data: free text about the training data (e.g. for generated data without a Hub id).
         results: measured results, see `load_results`; ``None`` or empty writes "not evaluated".
-        results_dataset: ``{"name", "type", "split", "config"}`` of results without a dataset (default: ``datasets[0]``).
+        results_dataset: ``{"name", "type", "split", "config"}`` of results without a dataset (default:
+            ``datasets[0]``).
         centroids_fitted: per cluster layer, whether K-Means centroids were fitted (``None`` when unknown).
         centroid_fitting: how/when centroids were fitted (e.g. "every 500 steps on 20k context states").
         widget: Hub widget examples (``{"text": question, "context": ..., "example_title": ...}`` for QA); by
@@ -252,8 +259,9 @@ def make_model_card(
         license, language, tags: metadata; tags are added to the Cluster-Former defaults. description: an opening.
         revision: the Hub commit (or tag) the remote-code snippets pin with ``revision=``; default ``"main"``, with a
             note to pin the tested commit (`hub.push_model` returns it, ``clusterformer push`` prints it).
-        task: the pipeline task of the head (`hf_clusterformer_heads.HEADS`), which sets the pipeline tag, widget, snippets and wording;
-            default: the head the config's ``architectures`` name, else question answering (the only one with results).
+        task: the pipeline task of the head (`hf_clusterformer_heads.HEADS`), which sets the pipeline tag, widget,
+            snippets and wording; default: the head the config's ``architectures`` name, else question answering (the
+            only one with results).
         mask_token: the tokenizer's mask token, for a fill-mask widget and snippet (default ``<mask>``).
 
     Returns:
@@ -264,35 +272,54 @@ def make_model_card(
     task = _card_task(config, task, results)
     question_answering = task == DEFAULT_TASK
     name = model_id.split("/")[-1] if model_id else "clusterformer-" + ("qa" if question_answering else task)
-    if results_dataset is None and datasets:
-        results_dataset = {"name": GENERATED_DATASETS.get(datasets[0], {}).get("name", datasets[0]), "type": datasets[0]}
-    results = load_results(results, results_dataset) if results else []
+    results, eval_results = _card_results(results, results_dataset, datasets)
     mask_token = mask_token or "<mask>"
     examples = [dict(example) for example in (widget if widget is not None else default_widget(task, mask_token))]
     hub_datasets, training_data = _split_datasets(datasets, training_data)
-    eval_results = _eval_results(results)
     data = ModelCardData(
         library_name="transformers", pipeline_tag=task, license=license, language=language,
         tags=list(dict.fromkeys([*_task_tags(task), *tags])), datasets=hub_datasets or None, base_model=base_model,
         model_name=name if eval_results else None, eval_results=eval_results or None, widget=examples or None,
     )
-    repo, long_text = model_id or "path/to/checkpoint", _snippet_text(examples if question_answering else default_widget())
+    repo, question, long_text = _usage_inputs(model_id, examples, question_answering)
     return ModelCard.from_template(
         data, template_path=str(TEMPLATE), name=name, description=(description or "").strip(), config=config,
         settings=_settings_rows(config, centroids_fitted, task), **_kind_text(config),
         centroid_fitting=(centroid_fitting or "").strip(), results=_result_rows(results), hub_datasets=hub_datasets,
         training_data=(training_data or "").strip(), repo=repo, revision=revision or "main",
-        pinned=bool(revision), question=json.dumps(examples[0].get("text", "Who wrote it?") if examples else "Who wrote it?"),
+        pinned=bool(revision), question=question,
         long_text=long_text, citation=CITATION, marker=GENERATED_MARK,
         **_task_text(task, repo, long_text, mask_token, revision or "main"),
     )
+
+
+def _card_results(
+    results: Any, results_dataset: Mapping[str, str] | None, datasets: Sequence[str]
+) -> tuple[list[dict[str, Any]], list[EvalResult]]:
+    """`load_results` of a card's ``results`` (their dataset by default the first of ``datasets``; none: no results)
+    and their model-index entries (`_eval_results`)."""
+    if results_dataset is None and datasets:
+        results_dataset = {"name": GENERATED_DATASETS.get(datasets[0], {}).get("name", datasets[0]),
+                           "type": datasets[0]}
+    results = load_results(results, results_dataset) if results else []
+    return results, _eval_results(results)
+
+
+def _usage_inputs(
+    model_id: str | None, examples: Sequence[Mapping[str, str]], question_answering: bool
+) -> tuple[str, str, str]:
+    """The repo, the question (JSON) and the ``long_text`` expression of a card's usage snippets."""
+    repo = model_id or "path/to/checkpoint"
+    question = json.dumps(examples[0].get("text", "Who wrote it?") if examples else "Who wrote it?")
+    return repo, question, _snippet_text(examples if question_answering else default_widget())
 
 
 def _kind_text(config: ClusterFormerConfig) -> dict[str, Any]:
     """What the template's paragraph on the layers reads: the layer kinds, and whether routers compare key
     projections (``route_by`` keys with a routed layer)."""
     kinds = config.layer_kinds
-    return {"kinds": kinds, "routed_by_keys": config.route_by == "keys" and any(k in ROUTED_LAYER_TYPES for k in kinds)}
+    routed_by_keys = config.route_by == "keys" and any(k in ROUTED_LAYER_TYPES for k in kinds)
+    return {"kinds": kinds, "routed_by_keys": routed_by_keys}
 
 
 def _task_tags(task: str) -> tuple[str, ...]:
@@ -324,7 +351,8 @@ def _task_text(task: str, repo: str, long_text: str, mask: str, revision: str) -
 
 def _usage(task: str, repo: str, long_text: str, mask: str, remote: bool, revision: str = "main") -> str:
     """The usage snippet of a head other than QA's (with the plugin imported before it, or ``remote``: the code stored
-    with the checkpoint, pinned to ``revision``): a pipeline call, or the model called on (1, choices, length) inputs."""
+    with the checkpoint, pinned to ``revision``): a pipeline call, or the model called on (1, choices, length)
+    inputs."""
     load = ", trust_remote_code=True, revision=revision" if remote else ""
     pinned = f'\nrevision = "{revision}"' if remote else ""
     imports, call = find_head(task).usage
@@ -400,9 +428,11 @@ def _result_rows(results: list[dict[str, Any]]) -> list[tuple[str, str, str, str
 
 
 def _split_datasets(datasets: Sequence[str], training_data: str | None) -> tuple[list[str], str | None]:
-    """Hub dataset ids, and the training-data text with the project's generated sets described (they have no Hub page)."""
+    """Hub dataset ids, and the training-data text with the project's generated sets described (they have no Hub
+    page)."""
     generated = [GENERATED_DATASETS[d] for d in datasets if d in GENERATED_DATASETS]
-    text = " ".join([*(f"{d['description']}." for d in generated), *([training_data.strip()] if training_data else [])])
+    own = [training_data.strip()] if training_data else []
+    text = " ".join([*(f"{d['description']}." for d in generated), *own])
     return [d for d in datasets if d not in GENERATED_DATASETS], text or None
 
 
@@ -463,7 +493,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m hf_clusterfor
                         "all_results.json are read from it, README.md is written into it")
     parser.add_argument("--spec", help="card spec JSON (config plus card fields)")
     parser.add_argument("--config", help="config.json or checkpoint directory (replaces the spec's config)")
-    parser.add_argument("--results", help="evaluation results JSON, e.g. all_results.json (replaces the spec's results)")
+    parser.add_argument(
+        "--results", help="evaluation results JSON, e.g. all_results.json (replaces the spec's results)"
+    )
     parser.add_argument("--model-id", help="Hub repo id or name")
     parser.add_argument("--base-model", help="Hub id of the base RoBERTa checkpoint")
     parser.add_argument("--revision", help="Hub commit the remote-code snippets pin (default: main, to replace)")

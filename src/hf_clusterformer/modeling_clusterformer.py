@@ -112,7 +112,8 @@ def count_routed_chunks(
         question_prefix: ``config.chunk_question_prefix``.
     """
     most = max(
-        (total - prefix) + (0 if question_prefix else prefix * count_windows(total - prefix, window_size, window_stride))
+        (total - prefix)
+        + (0 if question_prefix else prefix * count_windows(total - prefix, window_size, window_stride))
         for prefix, total in zip(prefix_lengths, lengths)
     )
     return math.ceil(most / window_stride)
@@ -283,11 +284,15 @@ def build_window_layout(
     token_index = torch.where(valid, token_index, torch.zeros_like(token_index))
     last_window = windows.view(1, -1, 1) == windows_per_example - 1
     owner = is_context & ((offset < window_stride) | last_window)
-    position_ids = torch.where(valid, slots.view(1, 1, -1) + padding_idx + 1, torch.full_like(token_index, padding_idx))
+    position_ids = torch.where(
+        valid, slots.view(1, 1, -1) + padding_idx + 1, torch.full_like(token_index, padding_idx)
+    )
     return WindowLayout(token_index, valid, is_context, owner, position_ids)
 
 
-def windows_to_tokens(window_states: torch.Tensor, layout: WindowLayout, weight: torch.Tensor, length: int) -> torch.Tensor:
+def windows_to_tokens(
+    window_states: torch.Tensor, layout: WindowLayout, weight: torch.Tensor, length: int
+) -> torch.Tensor:
     """Average the window copies of every token: (B, K, S, d) -> (B, T, d).
 
     Args:
@@ -313,7 +318,9 @@ def tokens_to_windows(token_states: torch.Tensor, layout: WindowLayout) -> torch
     return torch.gather(token_states, 1, index).view(*layout.token_index.shape, hidden)
 
 
-def share_context_states(window_states: torch.Tensor, layout: WindowLayout, sources: torch.Tensor, length: int) -> torch.Tensor:
+def share_context_states(
+    window_states: torch.Tensor, layout: WindowLayout, sources: torch.Tensor, length: int
+) -> torch.Tensor:
     """Give every copy of a context token the mean of its ``sources`` copies; question copies stay per window.
 
     Args:
@@ -330,7 +337,9 @@ def share_context_states(window_states: torch.Tensor, layout: WindowLayout, sour
     return torch.where(layout.is_context.unsqueeze(-1), merged, window_states)
 
 
-def overlap_slots(layout: WindowLayout, window_size: int, window_stride: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+def overlap_slots(
+    layout: WindowLayout, window_size: int, window_stride: int
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The window slots whose tokens two neighbouring windows share, when every token lies in at most two windows.
 
     With ``m < l <= 2m``, window k's context offsets ``m .. l-1`` (its tail) hold the same tokens as window k+1's
@@ -367,7 +376,9 @@ def overlap_slots(layout: WindowLayout, window_size: int, window_stride: int) ->
     return torch.stack([tail, head]), shared
 
 
-def merge_overlaps_(window_states: torch.Tensor, overlap: tuple[torch.Tensor, torch.Tensor], owner_only: bool) -> torch.Tensor:
+def merge_overlaps_(
+    window_states: torch.Tensor, overlap: tuple[torch.Tensor, torch.Tensor], owner_only: bool
+) -> torch.Tensor:
     """`share_context_states` for ``m < l <= 2m``, reading and writing only the overlapping copies (in place).
 
     One gather of the 2N overlapping copies and one scatter back (`index_select` / `index_copy_` over the flattened
@@ -499,7 +510,9 @@ def bidirectional_mask(valid: torch.Tensor, dtype: torch.dtype, implementation: 
     eye = torch.eye(size, dtype=torch.bool, device=valid.device)
     allowed = (valid[:, None, None, :] & valid[:, None, :, None]) | eye
     if implementation in (None, "eager"):
-        return torch.zeros(allowed.shape, dtype=dtype, device=valid.device).masked_fill(~allowed, torch.finfo(dtype).min)
+        return torch.zeros(allowed.shape, dtype=dtype, device=valid.device).masked_fill(
+            ~allowed, torch.finfo(dtype).min
+        )
     return allowed
 
 
@@ -694,7 +707,9 @@ class LayerMasks:
     def window(self) -> torch.Tensor:
         """Mask of the sliding-window layers over (B * K, S) slots."""
         valid = self.layout.valid
-        return self._cached("window", lambda: bidirectional_mask(valid.view(-1, valid.shape[-1]), self.dtype, self.implementation))
+        return self._cached(
+            "window", lambda: bidirectional_mask(valid.view(-1, valid.shape[-1]), self.dtype, self.implementation)
+        )
 
     @property
     def across(self) -> torch.Tensor:
@@ -702,7 +717,9 @@ class LayerMasks:
         valid = self.layout.valid
         return self._cached(
             "across",
-            lambda: bidirectional_mask(valid.transpose(1, 2).reshape(-1, valid.shape[1]), self.dtype, self.implementation),
+            lambda: bidirectional_mask(
+                valid.transpose(1, 2).reshape(-1, valid.shape[1]), self.dtype, self.implementation
+            ),
         )
 
     @property
@@ -716,7 +733,9 @@ class LayerMasks:
     @property
     def routed_chunks(self) -> int:
         """Chunks a routed layer runs per example: enough for the example with the most representative slots."""
-        return self._cached("routed_chunks", lambda: math.ceil(int(self.representative.sum(dim=1).max()) / self.chunk_size))
+        return self._cached(
+            "routed_chunks", lambda: math.ceil(int(self.representative.sum(dim=1).max()) / self.chunk_size)
+        )
 
     @property
     def overlap(self) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -850,7 +869,9 @@ class RoutedLayer(ClusterFormerLayer):
         joined = torch.cat([prefix.repeat_interleave(num_chunks, dim=0), chunks], dim=1)  # (B * C, P + m, d)
         out, weights = self(joined, masks.chunk(torch.cat([prefix_mask, chunk_valid], dim=1)))
         flat = states.reshape(batch, -1, hidden)
-        flat_out = unsort_from_chunks(out[:, width:], order, flat.shape[1], fill=flat, bounded=masks.bounded).view_as(states)
+        flat_out = unsort_from_chunks(
+            out[:, width:], order, flat.shape[1], fill=flat, bounded=masks.bounded
+        ).view_as(states)
         has_context = chunk_valid.any(1).view(batch, num_chunks, 1, 1).to(out.dtype)  # (B, C, 1, 1)
         prefix_out = (out[:, :width].view(batch, num_chunks, width, hidden) * has_context).sum(1)
         prefix_out = prefix_out / has_context.sum(1).clamp(min=1)  # (B, P, d)
@@ -981,7 +1002,10 @@ class ClusterFormerEncoder(nn.Module):
             if output_cluster_assignments and ids is not None:
                 assignments = assignments + (ids,)
         return ClusterFormerEncoderOutput(
-            last_hidden_state=states, hidden_states=all_hidden, attentions=all_attentions, cluster_assignments=assignments
+            last_hidden_state=states,
+            hidden_states=all_hidden,
+            attentions=all_attentions,
+            cluster_assignments=assignments,
         )
 
 
@@ -1015,7 +1039,8 @@ class ClusterFormerKwargs(TransformersKwargs, total=False):
     question_lengths: (B,) length of each row's question prefix ``<s> Q </s></s>`` in tokens; by default it ends at
         the first separator and the separator right after it.
     input_format: one of `INPUT_FORMATS`: ``"pair"``, ``"single"`` or ``"auto"`` (default: the class's
-        ``input_format``; ``"auto"``: rows of ``tokenizer(text)`` are single texts, of ``tokenizer(text, pair)`` pairs).
+        ``input_format``; ``"auto"``: rows of ``tokenizer(text)`` are single texts, of ``tokenizer(text, pair)``
+        pairs).
     output_cluster_assignments: return the routed layers' ids per slot and every slot's token index.
     batch_sizes: the layout's sizes (`BatchSizes`); default: the batch's own (export passes its bounds).
     """
@@ -1100,9 +1125,10 @@ def check_trained(model: nn.Module, allow_untrained: bool = False, head: str = "
     names = untrained_weights(model)
     check_finite(model)
     if names and not allow_untrained:
+        how = " (`clusterformer train --model_name_or_path DIR ...`)" if head == "QA" else ""
         raise UntrainedModelError(
-            f"the {head} head of this model ({', '.join(names)}) was newly initialised and never trained, so its answers "
-            f"would be random; fine-tune it first{' (`clusterformer train --model_name_or_path DIR ...`)' if head == 'QA' else ''}, or pass "
+            f"the {head} head of this model ({', '.join(names)}) was newly initialised and never trained, so its "
+            f"answers would be random; fine-tune it first{how}, or pass "
             "allow_untrained=True (--allow-untrained) for a smoke test."
         )
 
@@ -1151,7 +1177,7 @@ class _HeldLoadReport:
             return False
         return True
 
-    def __enter__(self) -> "_HeldLoadReport":
+    def __enter__(self) -> _HeldLoadReport:
         if self.logger.getEffectiveLevel() > logging.INFO:  # asked for details (-v, info): the report as it is
             self.logger.addFilter(self)
         return self
@@ -1247,7 +1273,9 @@ class ClusterFormerPreTrainedModel(RobertaPreTrainedModel):
         # transformers saves a model with the reverse of the renames it was loaded with: the legacy one is load-only
         conversions = getattr(model, "_weight_conversions", None)
         if conversions:
-            kept = [c for c in conversions if not set(getattr(c, "source_patterns", None) or ()) & set(LEGACY_KEY_MAPPING)]
+            kept = [
+                c for c in conversions if not set(getattr(c, "source_patterns", None) or ()) & set(LEGACY_KEY_MAPPING)
+            ]
             model._weight_conversions = kept or None
         _record_new_weights(model, info["missing_keys"])
         broken = non_finite_weights(model)
@@ -1273,7 +1301,9 @@ class ClusterFormerPreTrainedModel(RobertaPreTrainedModel):
         saved_kinds = cls.config_class.from_dict(dict(saved)).layer_kinds
         new_kinds = cls.config_class.from_dict(dict(saved), return_unused_kwargs=True, **kwargs)[0].layer_kinds
         # only a layer routed in the checkpoint and in the model loads saved router tensors (a new one is drawn)
-        routed = any(old in ROUTED_LAYER_TYPES and new in ROUTED_LAYER_TYPES for old, new in zip(saved_kinds, new_kinds))
+        routed = any(
+            old in ROUTED_LAYER_TYPES and new in ROUTED_LAYER_TYPES for old, new in zip(saved_kinds, new_kinds)
+        )
         for name, value in overrides.items():
             if saved.get(name) not in (None, value) and (routed or name == "hidden_size"):
                 raise ValueError(
@@ -1385,7 +1415,8 @@ def locate_rows(
     lengths = mask.sum(dim=1)
     positions = torch.arange(length, device=device)
     starts = torch.where(mask, positions, length).min(dim=1).values.clamp(max=length - 1)
-    one_block = (mask == ((positions >= starts.unsqueeze(1)) & (positions < (starts + lengths).unsqueeze(1)))).all(dim=1)
+    in_block = (positions >= starts.unsqueeze(1)) & (positions < (starts + lengths).unsqueeze(1))
+    one_block = (mask == in_block).all(dim=1)
     is_sep = (input_ids == config.separator_token_id if is_separator is None else is_separator) & mask
     if question_lengths is None:
         prefix, question, found = locate_question_prefix(is_sep, starts)
@@ -1476,8 +1507,9 @@ def check_token_types(config: ClusterFormerConfig, low: int, high: int) -> None:
     if low < 0 or high >= config.type_vocab_size:
         raise ValueError(
             f"token_type_ids holds type {low if low < 0 else high}, but the model has {config.type_vocab_size} token "
-            f"type{'s' if config.type_vocab_size != 1 else ''} (0..{config.type_vocab_size - 1}); encode the text with "
-            "this model's tokenizer (a BERT-style tokenizer marks the context with type 1), or pass no token_type_ids."
+            f"type{'s' if config.type_vocab_size != 1 else ''} (0..{config.type_vocab_size - 1}); encode the text "
+            "with this model's tokenizer (a BERT-style tokenizer marks the context with type 1), or pass no "
+            "token_type_ids."
         )
 
 
@@ -1538,8 +1570,8 @@ def _size(count: float) -> str:
 
 
 class ClusterFormerModel(ClusterFormerPreTrainedModel):
-    """Cluster-Former encoder over ``<s> question </s></s> context </s>`` pairs or single texts ``<s> text </s>`` of any
-    length (`INPUT_FORMATS`).
+    """Cluster-Former encoder over ``<s> question </s></s> context </s>`` pairs or single texts ``<s> text </s>`` of
+    any length (`INPUT_FORMATS`).
 
     Parameter names match `RobertaModel`, so RoBERTa checkpoints load 1:1 (centroids come from initialisation).
     """
@@ -1642,8 +1674,9 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
         )
 
     def _forward_options(self, kwargs: dict) -> dict:
-        """``kwargs`` of `forward` with the config's defaults filled in; anything else is refused in one line (RoBERTa's
-        cache arguments and the Trainer's ``num_items_in_batch`` are ignored; ``position_ids`` are refused)."""
+        """``kwargs`` of `forward` with the config's defaults filled in; anything else is refused in one line
+        (RoBERTa's cache arguments and the Trainer's ``num_items_in_batch`` are ignored; ``position_ids`` are
+        refused)."""
         config = self.config
         unknown = set(kwargs) - set(ClusterFormerKwargs.__annotations__) - {"cache", "use_cache", "past_key_values"}
         if unknown:
@@ -1651,7 +1684,8 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
         if kwargs.get("position_ids") is not None:
             raise ValueError("position_ids are not supported: positions restart in every window; leave them out.")
         options = {
-            "output_hidden_states": kwargs.get("output_hidden_states"), "output_attentions": kwargs.get("output_attentions"),
+            "output_hidden_states": kwargs.get("output_hidden_states"),
+            "output_attentions": kwargs.get("output_attentions"),
             "output_cluster_assignments": bool(kwargs.get("output_cluster_assignments")),
             "question_lengths": kwargs.get("question_lengths"), "batch_sizes": kwargs.get("batch_sizes"),
             "input_format": kwargs.get("input_format") or self.input_format,
@@ -1687,7 +1721,8 @@ class ClusterFormerModel(ClusterFormerPreTrainedModel):
         self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, token_type_ids: torch.Tensor | None,
         layout: WindowLayout, single: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """RoBERTa's embeddings of every window as a standalone input: (B, T) ids or (B, T, d) embeddings -> (B, K, S, d).
+        """RoBERTa's embeddings of every window as a standalone input: (B, T) ids or (B, T, d) embeddings ->
+        (B, K, S, d).
 
         Token types: the given (B, T) ones, else with ``config.pair_token_types`` 0 for the question prefix and 1 for
         the context of pair rows (BERT's pair template) and 0 for single-text rows (``single``, (B,) bool), else
@@ -1738,8 +1773,8 @@ class ClusterFormerQuestionAnsweringOutput(ModelOutput):
 class ClusterFormerForQuestionAnswering(ClusterFormerPreTrainedModel):
     """Extractive QA head (start/end logits over every input token) on `ClusterFormerModel`.
 
-    Loads `RobertaForQuestionAnswering` checkpoints 1:1 (``roberta.*`` and ``qa_outputs.*``). Inputs are question/context
-    pairs (``input_format="pair"``).
+    Loads `RobertaForQuestionAnswering` checkpoints 1:1 (``roberta.*`` and ``qa_outputs.*``). Inputs are
+    question/context pairs (``input_format="pair"``).
     """
 
     input_format = "pair"
@@ -1840,7 +1875,8 @@ def _extras(outputs: ClusterFormerModelOutput) -> dict:
 
 
 class ClusterFormerForMaskedLM(ClusterFormerPreTrainedModel):
-    """`RobertaForMaskedLM`'s head on `ClusterFormerModel`: (B, T, V) logits for every token of a long input in one pass.
+    """`RobertaForMaskedLM`'s head on `ClusterFormerModel`: (B, T, V) logits for every token of a long input in one
+    pass.
 
     The decoder is tied to the word embeddings. Loads `RobertaForMaskedLM` checkpoints 1:1 (``roberta.*``,
     ``lm_head.*``); reads single texts ``<s> T </s>`` (``input_format="single"``: a separator that masking drew in
@@ -2026,7 +2062,9 @@ class ClusterFormerForMultipleChoice(ClusterFormerPreTrainedModel):
 
         if kwargs.get("question_lengths") is not None:
             kwargs["question_lengths"] = flat(torch.as_tensor(kwargs["question_lengths"]))
-        outputs = self._encode(flat(input_ids), flat(attention_mask), flat(token_type_ids), flat(inputs_embeds), kwargs)
+        outputs = self._encode(
+            flat(input_ids), flat(attention_mask), flat(token_type_ids), flat(inputs_embeds), kwargs
+        )
         logits = self.classifier(self.dropout(outputs.pooler_output)).view(-1, num_choices)
         loss = CrossEntropyLoss()(logits, labels.to(logits.device).view(-1)) if labels is not None else None
         return ClusterFormerMultipleChoiceOutput(loss=loss, logits=logits, **_extras(outputs))

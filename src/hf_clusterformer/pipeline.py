@@ -152,7 +152,9 @@ class ClusterFormerQuestionAnsweringPipeline(Pipeline):
         max_answer_len = max_answer_len if max_answer_len is not None else max_answer_length
         preprocess: dict[str, Any] = {}
         postprocess: dict[str, Any] = {}
-        for name, value in (("top_k", top_k), ("max_answer_len", max_answer_len), ("long_answer_top_k", long_answer_top_k)):
+        for name, value in (
+            ("top_k", top_k), ("max_answer_len", max_answer_len), ("long_answer_top_k", long_answer_top_k)
+        ):
             if value is not None:
                 if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                     raise ValueError(f"{name} must be a positive integer, got {value!r}.")
@@ -202,7 +204,9 @@ class ClusterFormerQuestionAnsweringPipeline(Pipeline):
         if not any(candidate):
             raise ValueError("The context has no token that can start an answer (it is empty or only special tokens).")
         model_inputs = {k: encoding[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in encoding}
-        paragraphs = self._paragraphs(context, offsets, sequence_ids, token_ids, passage_token) if long_answer else None
+        paragraphs = (
+            self._paragraphs(context, offsets, sequence_ids, token_ids, passage_token) if long_answer else None
+        )
         model_inputs.update(context=context, offsets=offsets, candidate=candidate, paragraphs=paragraphs)
         return model_inputs
 
@@ -239,7 +243,9 @@ class ClusterFormerQuestionAnsweringPipeline(Pipeline):
                 short.append({"score": score, "start": 0, "end": 0, "answer": ""})
             else:
                 char_start, char_end = offsets[first][0], offsets[last][1]
-                short.append({"score": score, "start": char_start, "end": char_end, "answer": context[char_start:char_end]})
+                short.append(
+                    {"score": score, "start": char_start, "end": char_end, "answer": context[char_start:char_end]}
+                )
         if not long_answer:
             return short[0] if top_k == 1 else short
         paragraph_logits = model_outputs["start_logits"][0, :length].double()
@@ -260,7 +266,8 @@ class ClusterFormerQuestionAnsweringPipeline(Pipeline):
             config.check_input_lengths(question_tokens, context_tokens)
         elif total > self._input_limit():
             raise ValueError(
-                f"The input has {total} tokens, more than this {config.model_type} model takes ({self._input_limit()}); "
+                f"The input has {total} tokens, more than this {config.model_type} model takes "
+                f"({self._input_limit()}); "
                 "this pipeline does not split contexts: shorten the context, or use a Cluster-Former model "
                 "(`clusterformer convert` turns a RoBERTa checkpoint into one)."
             )
@@ -410,7 +417,9 @@ def _paragraphs(
         if text.strip():
             char_start = begin + len(text) - len(text.lstrip())
             char_end = begin + len(text.rstrip())
-            first = next((i for i in context_tokens if offsets[i][1] > offsets[i][0] and offsets[i][0] >= char_start), None)
+            first = next(
+                (i for i in context_tokens if offsets[i][1] > offsets[i][0] and offsets[i][0] >= char_start), None
+            )
             if first is not None and offsets[first][0] < char_end:
                 spans.append((first, char_start, char_end))
         if gap is not None:

@@ -37,8 +37,8 @@ from .configuration_clusterformer import (
     check_context_length,
     required_position_embeddings,
 )
-from .data import build_tokenizer, load_multipassage_dataset, squad_features
 from .conversion import ModelOption, load_qa_model, model_options
+from .data import build_tokenizer, load_multipassage_dataset, squad_features
 from .features import (
     check_tokenizer_fits,
     misplaced_answers,
@@ -81,7 +81,9 @@ def _model_arguments() -> type:
     """`ModelArguments`: the checkpoint, the sizes of a model from scratch, every model option of
     `model_options` (derived, as `CentroidArguments` is from `CentroidUpdateSettings`) and run switches."""
     helps = {
-        "model_name_or_path": "RoBERTa or Cluster-Former checkpoint (directory or Hub id). Omit to train from scratch.",
+        "model_name_or_path": (
+            "RoBERTa or Cluster-Former checkpoint (directory or Hub id). Omit to train from scratch."
+        ),
         "tokenizer_name": "Tokenizer (default: the model's, or one built on the data).",
         "hidden_size": "From scratch: hidden size.",
         "num_hidden_layers": "From scratch: encoder layers.",
@@ -90,7 +92,8 @@ def _model_arguments() -> type:
         "vocab_size": "From scratch: size of the BPE vocabulary built on the data.",
         "dropout": "Hidden and attention dropout.",
         "overwrite": "Train into an output_dir that already holds a model: replace its files (each put in place when "
-                     "the run ends; other files are kept); evaluate into one that holds a run's all_results.json: replace it.",
+                     "the run ends; other files are kept); evaluate into one that holds a run's all_results.json: "
+                     "replace it.",
         "allow_untrained": "Evaluate even a QA head that was never trained (smoke tests).",
     }
     before = [
@@ -135,18 +138,18 @@ class DataArguments:
     train_file: str | None = field(default=None, metadata={"help": "SQuAD-format json/jsonl training file."})
     validation_file: str | None = field(default=None, metadata={"help": "SQuAD-format json/jsonl validation file."})
     squad_path: str | None = field(default=None, metadata={"help": "SQuAD v1.1 json/zip for squad-multipassage."})
-    train_samples: int = field(default=2000, metadata={"help": "Built training examples (squad-multipassage), or a cap on "
-                                                                "the files' and Hub data's (0: all)."})
-    eval_samples: int = field(default=200, metadata={"help": "Built validation examples (squad-multipassage), or a cap "
-                                                              "on the files' and Hub data's (0: all)."})
+    train_samples: int = field(default=2000, metadata={"help": "Built training examples (squad-multipassage), or a "
+                                                                "cap on the files' and Hub data's (0: all)."})
+    eval_samples: int = field(default=200, metadata={"help": "Built validation examples (squad-multipassage), or a "
+                                                              "cap on the files' and Hub data's (0: all)."})
     context_tokens_min: int = field(default=2000, metadata={"help": "squad-multipassage: shortest built context "
                                                                      "(approximate tokens)."})
     context_tokens_max: int = field(default=8000, metadata={"help": "squad-multipassage: longest built context "
                                                                      "(approximate tokens)."})
     dataset_seed: int = field(default=0, metadata={"help": "Seed of the built data (squad-multipassage)."})
-    max_seq_length: int | None = field(default=None, metadata={"help": "Tokens per feature (question + context); longer "
-                                                                "contexts are cut, with a warning (default: the "
-                                                                "model's own limit; 16384 from scratch)."})
+    max_seq_length: int | None = field(default=None, metadata={"help": "Tokens per feature (question + context); "
+                                                                "longer contexts are cut, with a warning (default: "
+                                                                "the model's own limit; 16384 from scratch)."})
     max_answer_length: int = field(default=30, metadata={"help": "Longest answer in tokens."})
 
 
@@ -275,7 +278,9 @@ def _parse_json_file(path: str) -> Any:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
-        raise ValueError(f"data file {path} is not UTF-8 text (byte offset {error.start}); save it as UTF-8.") from error
+        raise ValueError(
+            f"data file {path} is not UTF-8 text (byte offset {error.start}); save it as UTF-8."
+        ) from error
     lines = text.splitlines() if path.endswith(".jsonl") else [text]
     values = []
     for number, line in enumerate(lines, 1):
@@ -295,7 +300,8 @@ def _load_file(path: str) -> datasets.Dataset:
     if not path.endswith((".json", ".jsonl")):
         raise ValueError(f"data file {path} must be .json or .jsonl (SQuAD format).")
     data = _parse_json_file(path)
-    if isinstance(data, dict) and isinstance(data.get("data"), list) and data["data"] and "paragraphs" in data["data"][0]:
+    squad_json = isinstance(data, dict) and isinstance(data.get("data"), list) and data["data"]
+    if squad_json and "paragraphs" in data["data"][0]:
         return datasets.Dataset.from_list(_flatten_squad_json(data), features=squad_features())
     if not data:
         raise ValueError(f"data file {path} holds no records; give SQuAD-format records.")
@@ -303,7 +309,10 @@ def _load_file(path: str) -> datasets.Dataset:
 
 
 #: Columns each split needs: answers label the training data and score the validation data, ids key the predictions.
-REQUIRED_COLUMNS = {"train": ("question", "context", "answers"), "validation": ("id", "question", "context", "answers")}
+REQUIRED_COLUMNS = {
+    "train": ("question", "context", "answers"),
+    "validation": ("id", "question", "context", "answers"),
+}
 
 
 def _check_columns(splits: dict[str, datasets.Dataset]) -> None:
@@ -326,8 +335,8 @@ def _check_answer_offsets(splits: dict[str, datasets.Dataset], sources: dict[str
         try:
             bad = misplaced_answers(split["context"], split["answers"])
         except ValueError as error:
-            raise ValueError(f"the {name} data{f' ({(sources or {}).get(name)})' if (sources or {}).get(name) else ''}: "
-                             f"{error}") from None
+            source = (sources or {}).get(name)
+            raise ValueError(f"the {name} data{f' ({source})' if source else ''}: {error}") from None
         if bad:
             raise ValueError(
                 f"{len(bad)} of {len(split)} {name} examples have an answer text not found at its answer_start "
@@ -368,7 +377,8 @@ def load_raw_datasets(data: DataArguments) -> datasets.DatasetDict:
     elif data.dataset in FORMER_GENERATED:
         raise ValueError(
             f"--dataset {data.dataset}: the generated long-range sets are not built by this command; write them as "
-            f"SQuAD-format files (`python -m clusterformer_research.longrange --kind {data.dataset} --out train.json`, "
+            "SQuAD-format files "
+            f"(`python -m clusterformer_research.longrange --kind {data.dataset} --out train.json`, "
             "the research package of the hf-clusterformer repository) and pass --train_file / --validation_file."
         )
     elif data.dataset == "squad-multipassage":
@@ -415,7 +425,9 @@ def load_tokenizer(model: ModelArguments, data: DataArguments, raw: datasets.Dat
 FROM_SCRATCH_LENGTH = 16384
 
 
-def load_model(model: ModelArguments, data: DataArguments, tokenizer, seed: int = 0) -> ClusterFormerForQuestionAnswering:
+def load_model(
+    model: ModelArguments, data: DataArguments, tokenizer, seed: int = 0
+) -> ClusterFormerForQuestionAnswering:
     """From a checkpoint (Cluster-Former, RoBERTa or BERT-family) with the command-line cluster options, or from
     scratch. Weights a checkpoint lacks are drawn with ``seed`` and recorded as untrained (`load_qa_model`)."""
     options = model.cluster_options()
@@ -497,7 +509,9 @@ def predict_answers(
         logger.warning("%d of %d validation contexts were cut at %d tokens (--max_seq_length; the model reads up to "
                        "%d): answers past the cut cannot be found.", cut, len(features), data.max_seq_length,
                        trainer.model.config.max_input_length)
-    model_inputs = features.remove_columns([c for c in features.column_names if c not in ("input_ids", "attention_mask")])
+    model_inputs = features.remove_columns(
+        [c for c in features.column_names if c not in ("input_ids", "attention_mask")]
+    )
     output = trainer.predict(model_inputs)
     start_logits, end_logits = output.predictions[:2]
     predictions = postprocess_predictions(
@@ -534,8 +548,8 @@ def run(
     Training into an ``output_dir`` that holds a model or a run's records (`hf_clusterformer_files.RESULT_FILES`) is
     refused (`hf_clusterformer.hub.ModelFolderExistsError`) unless ``model_args.overwrite`` (or
     ``resume_from_checkpoint``); the run writes into a staging folder whose files are put in place in ``output_dir``
-    when the run ends (`hf_clusterformer_writing.writing_model_dir`: only the library's own files are replaced). An evaluation writes its records over
-    earlier ones (`main`, the command, refuses that without ``--overwrite``).
+    when the run ends (`hf_clusterformer_writing.writing_model_dir`: only the library's own files are replaced). An
+    evaluation writes its records over earlier ones (`main`, the command, refuses that without ``--overwrite``).
 
     Returns the metrics dict (train loss/time, eval EM/F1, truncation counts).
     """
@@ -569,7 +583,9 @@ def _run(model_args, data_args, centroid_args, training_args, callbacks, name: s
     if training_args.do_train and "train" not in raw:
         raise ValueError("--do_train needs training data: give --train_file or a dataset with a train split.")
     if training_args.do_eval and "validation" not in raw:
-        raise ValueError("--do_eval needs validation data: give --validation_file or a dataset with a validation split.")
+        raise ValueError(
+            "--do_eval needs validation data: give --validation_file or a dataset with a validation split."
+        )
     tokenizer = load_tokenizer(model_args, data_args, raw, training_args.output_dir)
     set_seed(training_args.seed)  # before the model: a from-scratch initialisation follows --seed
     model = load_model(model_args, data_args, tokenizer, seed=training_args.seed)
@@ -583,7 +599,9 @@ def _run(model_args, data_args, centroid_args, training_args, callbacks, name: s
         check_trained(model, model_args.allow_untrained)
 
     metrics: dict[str, Any] = {}
-    train_features = _train_features(raw["train"], tokenizer, data_args, model, metrics) if training_args.do_train else None
+    train_features = None
+    if training_args.do_train:
+        train_features = _train_features(raw["train"], tokenizer, data_args, model, metrics)
 
     all_callbacks = list(callbacks or [])
     if model.cluster_routers():  # cluster and window_cluster layers: centroids to fit
@@ -596,7 +614,8 @@ def _run(model_args, data_args, centroid_args, training_args, callbacks, name: s
     if training_args.do_eval:
         predictions, scores = predict_answers(trainer, raw["validation"], tokenizer, data_args)
         metrics.update({"eval_exact_match": scores["exact_match"], "eval_f1": scores["f1"],
-                        "eval_samples": len(raw["validation"]), "eval_contexts_truncated": scores["contexts_truncated"]})
+                        "eval_samples": len(raw["validation"]),
+                        "eval_contexts_truncated": scores["contexts_truncated"]})
         if trainer.is_world_process_zero():
             os.makedirs(training_args.output_dir, exist_ok=True)
             with open(Path(training_args.output_dir) / "eval_predictions.json", "w", encoding="utf-8") as handle:

@@ -5,19 +5,15 @@ Training reads SQuAD-format json/jsonl files (`hf_clusterformer.qa_training`); t
 from the SQuAD v1.1 dev file.
 """
 
+# approx_token_count and the tokenizer's constants: helpers that other modules import from here, out of __all__
 from .multipassage import (
     build_multipassage_dataset,
     default_squad_path,
     load_multipassage_dataset,
     read_squad,
 )
-from .squad import approx_token_count, squad_features
-from .tokenizer import (
-    MODEL_MAX_LENGTH,
-    PASSAGE_TOKEN,
-    SPECIAL_TOKENS,
-    build_tokenizer,
-)
+from .squad import approx_token_count, squad_features  # noqa: F401
+from .tokenizer import MODEL_MAX_LENGTH, PASSAGE_TOKEN, SPECIAL_TOKENS, build_tokenizer  # noqa: F401
 
 __all__ = [
     "build_multipassage_dataset",

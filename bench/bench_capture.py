@@ -29,7 +29,9 @@ def make_batch(batch: int, question: int, context: int, vocab: int, seed: int) -
     bos, sep = torch.zeros(batch, 1, dtype=torch.long), torch.full((batch, 1), 2, dtype=torch.long)
     ids = torch.cat([bos, tokens[:, :question], sep, sep, tokens[:, question:], sep], dim=1)
     start = torch.randint(question + QUESTION_PREFIX_SPECIAL_TOKENS, ids.shape[1] - 2, (batch,), generator=generator)
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "start_positions": start, "end_positions": start + 1}
+    return {
+        "input_ids": ids, "attention_mask": torch.ones_like(ids), "start_positions": start, "end_positions": start + 1
+    }
 
 
 def main() -> None:

@@ -330,7 +330,8 @@ def breakdown(fn, device: torch.device, steps: int) -> dict[str, dict[str, float
     """Milliseconds per call by `ROWS` entry: {"cpu": ..., "gpu": ...} (GPU: kernel time; CPU: operator time).
 
     A labelled range counts in full (CPU: its wall time, Python inside it included), labelled ranges inside it
-    included; the sort/unsort ranges are split by operator (`SPLIT_OPS`), the rest of them counts as gathers / scatters.
+    included; the sort/unsort ranges are split by operator (`SPLIT_OPS`), the rest of them counts as gathers /
+    scatters.
     "other operators" are top-level operators in no range. "Python / launch overhead" is the rest of the wall time:
     on CPU, time outside every range and operator; on CUDA, wall time with no kernel running.
     """
@@ -388,12 +389,14 @@ def breakdown(fn, device: torch.device, steps: int) -> dict[str, dict[str, float
 
 
 def print_breakdown(length: int, results: dict[str, dict], device: torch.device) -> None:
-    """Cluster-Former beside the floor, ms per forward, by row; the difference is where the time above the floor goes."""
+    """Cluster-Former beside the floor, ms per forward, by row; the difference is where the time above the floor
+    goes."""
     kind = "gpu" if device.type == "cuda" else "cpu"
     what = "GPU kernel ms" if kind == "gpu" else "CPU ms"
     cf, floor = results.get("clusterformer"), results.get("floor")
     print(f"\nprofile at {length} tokens, {what} per forward:")
-    print(f"  {'':<36} {'clusterformer':>14} {'floor':>10} {'difference':>11}" + (f" {'CF CPU ms':>10}" if kind == "gpu" else ""))
+    print(f"  {'':<36} {'clusterformer':>14} {'floor':>10} {'difference':>11}"
+          + (f" {'CF CPU ms':>10}" if kind == "gpu" else ""))
     print(f"  {'wall':<36} {cf['wall_ms']:14.2f} {floor['wall_ms']:10.2f} {cf['wall_ms'] - floor['wall_ms']:11.2f}")
     for row in ROWS:
         a, b = cf[kind][row], floor[kind][row]
@@ -457,8 +460,10 @@ def main() -> None:
     parser.add_argument("--compile_mode", default=None, help="torch.compile mode, e.g. reduce-overhead (CUDA graphs)")
     parser.add_argument("--profile", action="store_true", help="print where the time goes (torch.profiler)")
     parser.add_argument("--profile_steps", type=int, default=5)
-    parser.add_argument("--peak_tflops", type=float, default=None, help="dense bf16 peak for MFU (default: by GPU name)")
-    parser.add_argument("--max_seconds", type=float, default=20.0, help="skip a peer at longer lengths once a call took this long")
+    parser.add_argument("--peak_tflops", type=float, default=None,
+                        help="dense bf16 peak for MFU (default: by GPU name)")
+    parser.add_argument("--max_seconds", type=float, default=20.0,
+                        help="skip a peer at longer lengths once a call took this long")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     args = parser.parse_args()
 
@@ -508,7 +513,8 @@ def main() -> None:
                 models[f"{name}+compile"] = torch.compile(models[name], mode=args.compile_mode, dynamic=False)
 
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"device={device_name} dtype={dtype} hidden={args.hidden} layers={args.layers} cluster_layers={config.global_layers} "
+    print(f"device={device_name} dtype={dtype} hidden={args.hidden} layers={args.layers} "
+          f"cluster_layers={config.global_layers} "
           f"route_by={args.route_by} threads={torch.get_num_threads()} torch={torch.__version__} "
           f"repeats={args.repeats} warmup={args.warmup}"
           + (f" peak={peak} TFLOP/s" if peak else ""))
@@ -526,14 +532,15 @@ def main() -> None:
         floor_mask = floor_ids.ne(1).long()
         global_mask = torch.zeros_like(ids)
         global_mask[:, :prefix] = 1
+        # B023 (a loop variable in a closure) is fine here: these calls run within this length's iteration, never after
         calls = {
-            "clusterformer": lambda m: m(ids),
-            "sliding": lambda m: m(ids),
-            "window_cluster": lambda m: m(ids),
-            "floor": lambda m: m(floor_ids, attention_mask=floor_mask),
-            "longformer": lambda m: m(ids, global_attention_mask=global_mask),
-            "bigbird": lambda m: m(ids),
-            "modernbert": lambda m: m(ids),
+            "clusterformer": lambda m: m(ids),  # noqa: B023
+            "sliding": lambda m: m(ids),  # noqa: B023
+            "window_cluster": lambda m: m(ids),  # noqa: B023
+            "floor": lambda m: m(floor_ids, attention_mask=floor_mask),  # noqa: B023
+            "longformer": lambda m: m(ids, global_attention_mask=global_mask),  # noqa: B023
+            "bigbird": lambda m: m(ids),  # noqa: B023
+            "modernbert": lambda m: m(ids),  # noqa: B023
         }
         flops = {name: clusterformer_flops(kind_config, prefix, context) for name, kind_config in configs.items()}
         flops["floor"] = clusterformer_flops(config, prefix, context, floor=True)
@@ -568,16 +575,19 @@ def main() -> None:
                 base = name.split("+")[0]
                 model_flops = flops[base] * (3 if train else 1)
                 mfu = model_flops / row["seconds"] / (peak * 1e12) if peak else None
-                reference = stats.get("floor+compile" if name.endswith("+compile") and "floor+compile" in stats else "floor")
+                compiled = name.endswith("+compile") and "floor+compile" in stats
+                reference = stats.get("floor+compile" if compiled else "floor")
                 ratio = row["seconds"] / reference["seconds"] if reference else None
                 floor_memory = memory.get("floor", 0)
                 mem_ratio = memory[name] / floor_memory if floor_memory >= 2**20 else None  # not below 1 MiB
                 print(f"{length:>7} {name:>21} {mode:>7} {row['seconds']:9.4f} {row['q1']:8.4f}-{row['q3']:<8.4f} "
                       f"{row['min']:8.4f}-{row['max']:<8.4f} {length / row['seconds']:10.0f} "
                       f"{f'{100 * mfu:5.1f}%' if mfu is not None else '-':>6} {memory[name] / 2**20:9.0f} "
-                      f"{f'{ratio:10.3f}' if ratio else '-':>10} {f'{mem_ratio:9.2f}' if mem_ratio else '-':>9}", flush=True)
-                rows.append({"tokens": length, "model": name, "mode": mode, **row, "tokens_per_s": length / row["seconds"],
-                             "model_flops": model_flops, "mfu": mfu, "peak_mib": memory[name] / 2**20,
+                      f"{f'{ratio:10.3f}' if ratio else '-':>10} {f'{mem_ratio:9.2f}' if mem_ratio else '-':>9}",
+                      flush=True)
+                rows.append({"tokens": length, "model": name, "mode": mode, **row,
+                             "tokens_per_s": length / row["seconds"], "model_flops": model_flops, "mfu": mfu,
+                             "peak_mib": memory[name] / 2**20,
                              "time_vs_floor": ratio, "memory_vs_floor": mem_ratio, "times": times[name]})
             for peer in ("longformer", "bigbird", "modernbert"):
                 if peer in stats and "clusterformer" in stats:

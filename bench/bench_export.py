@@ -68,7 +68,9 @@ def time_row(model, runners: dict, ids: torch.Tensor, mask: torch.Tensor, repeat
         with torch.no_grad():
             return model(input_ids=ids, attention_mask=mask).start_logits
 
-    calls = {"eager": eager, **{kind: (lambda run=run: run(ids, mask)["start_logits"]) for kind, run in runners.items()}}
+    calls = {
+        "eager": eager, **{kind: (lambda run=run: run(ids, mask)["start_logits"]) for kind, run in runners.items()}
+    }
     reference = eager()  # also the warm-up
     difference = {kind: float((call() - reference).abs().max()) for kind, call in calls.items() if kind != "eager"}
     times = {kind: [] for kind in calls}

@@ -50,7 +50,8 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--max-points-per-centroid", type=int, default=None, help="fit on at most k * this many states (faiss' default is 256)"
+        "--max-points-per-centroid", type=int, default=None,
+        help="fit on at most k * this many states (faiss' default is 256)",
     )
     parser.add_argument("--backends", nargs="+", default=None, help="subset of torch, faiss-cpu, faiss-gpu")
     args = parser.parse_args()
@@ -61,7 +62,8 @@ def main() -> None:
     print(f"{args.n} x {args.dim} states, {args.iters} iterations, torch threads: {torch.get_num_threads()}")
     if torch.cuda.is_available():
         print(f"GPU: {torch.cuda.get_device_name()}")
-    header = f"{'k':>5} {'backend':>10} {'device':>7} {'seconds':>9} {'mean cos':>9} {'min/max size':>14} {'norm. entropy':>14}"
+    header = (f"{'k':>5} {'backend':>10} {'device':>7} {'seconds':>9} {'mean cos':>9} {'min/max size':>14} "
+              f"{'norm. entropy':>14}")
     print(header)
     print("-" * len(header))
     for k in args.clusters:

@@ -92,7 +92,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--num_hidden_layers", type=int, default=4)
     add("--num_attention_heads", type=int, default=4)
     model = model_options()
-    recipe = {"cluster_layers": [2], "window_size": 48, "window_stride": 40}  # the global layers of the type comparison
+    # the global layers of the type comparison
+    recipe = {"cluster_layers": [2], "window_size": 48, "window_stride": 40}
     add_option_flags(parser, [model[name] for name in recipe], defaults=recipe, dashes=False)
     add("--initializer_range", type=float, default=0.1)
     add("--vocab_size", type=int, default=1300)
@@ -103,7 +104,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--batch_size", type=int, default=16)
     add("--epochs", type=float, default=2.0)
     add("--max_steps", type=int, default=-1, help="optimizer steps (overrides --epochs when > 0)")
-    centroids = centroid_flag_options(replace(SMALL_MODEL_CENTROIDS, backend="torch"))  # torch: bit-reproducible on CPU
+    # torch: bit-reproducible on CPU
+    centroids = centroid_flag_options(replace(SMALL_MODEL_CENTROIDS, backend="torch"))
     add_option_flags(parser, centroids, defaults={option.name: option.default for option in centroids}, dashes=False)
     add("--max_answer_length", type=int, default=5)
     add("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
@@ -165,7 +167,9 @@ def initial_checkpoint(args: argparse.Namespace, variant: Variant, seed: int, to
     config = ClusterFormerConfig(
         vocab_size=len(tokenizer), hidden_size=args.hidden_size, num_hidden_layers=args.num_hidden_layers,
         num_attention_heads=args.num_attention_heads, intermediate_size=4 * args.hidden_size,
-        max_position_embeddings=required_position_embeddings(QUESTION_TOKENS, args.window_size, tokenizer.pad_token_id),
+        max_position_embeddings=required_position_embeddings(
+            QUESTION_TOKENS, args.window_size, tokenizer.pad_token_id
+        ),
         type_vocab_size=1,
         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         initializer_range=args.initializer_range, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,

@@ -101,7 +101,8 @@ def main() -> None:
             results[f"{context} {kind}"] = {**scores, "same_as_eager": same, "questions": len(examples),
                                             "seconds_per_question": seconds,
                                             "mean_context_tokens": sum(tokens) / len(tokens)}
-            print(f"{context:>9} ({len(examples)} questions, {sum(tokens) / len(tokens):.0f} context tokens) {kind:>9}: "
+            print(f"{context:>9} ({len(examples)} questions, {sum(tokens) / len(tokens):.0f} context tokens) "
+                  f"{kind:>9}: "
                   f"EM {scores['exact_match']:.1f} F1 {scores['f1']:.1f}, {same} answers as eager, "
                   f"{seconds:.3f} s/question", flush=True)
     if args.json:

@@ -35,8 +35,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--seeds", type=int, nargs="+", default=None)
     parser.add_argument("--variants", nargs="+", default=None, choices=VARIANTS)
-    parser.add_argument("--workers", type=int, default=None, help="parallel runs on CPU (default: the cores, at most 2; 1 runs them in this process)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads per run on CPU (default: cores / workers)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="parallel runs on CPU (default: the cores, at most 2; 1 runs them in this process)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads per run on CPU (default: cores / workers)")
     parser.add_argument("--time_budget", type=float, default=None, help="seconds; runs that would not fit are skipped")
     parser.add_argument("--overwrite", action="store_true", help="replace models saved in --output_dir before")
     parser.add_argument("--save_models", action="store_true", help="save each variant's first-seed model")

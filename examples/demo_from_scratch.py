@@ -52,7 +52,8 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output_dir", default="outputs")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--train_samples", type=int, default=3000, help="per question kind (long-range, local, mention)")
+    parser.add_argument("--train_samples", type=int, default=3000,
+                        help="per question kind (long-range, local, mention)")
     parser.add_argument("--eval_samples", type=int, default=200, help="per split")
     parser.add_argument("--context_tokens", type=int, nargs=2, default=(150, 250), help="min max (approximate tokens)")
     parser.add_argument("--min_gap_tokens", type=int, default=60, help="least distance between link and place facts")
@@ -86,7 +87,9 @@ def make_config(args: argparse.Namespace, tokenizer, cluster_layers: list[int]) 
         num_hidden_layers=args.num_hidden_layers,
         num_attention_heads=4,
         intermediate_size=4 * args.hidden_size,
-        max_position_embeddings=required_position_embeddings(question_tokens, args.window_size, tokenizer.pad_token_id),
+        max_position_embeddings=required_position_embeddings(
+            question_tokens, args.window_size, tokenizer.pad_token_id
+        ),
         type_vocab_size=1,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
@@ -109,7 +112,9 @@ def generate(args: argparse.Namespace, kinds, samples: int, split: str, warmup: 
         options = dict(context_tokens=tuple(args.warmup_context_tokens), min_gap_tokens=args.warmup_min_gap_tokens,
                        fact_fraction=args.warmup_fact_fraction, max_chains=args.max_chains)
     else:
-        options = dict(context_tokens=tuple(args.context_tokens), min_gap_tokens=args.min_gap_tokens, max_chains=args.max_chains)
+        options = dict(
+            context_tokens=tuple(args.context_tokens), min_gap_tokens=args.min_gap_tokens, max_chains=args.max_chains
+        )
     records = []
     for kind in kinds:
         records += generate_longrange_dataset(samples, args.seed, kind=kind, split=split, **options)
@@ -130,7 +135,9 @@ def validation_sets(args: argparse.Namespace) -> dict[str, datasets.Dataset]:
     return {kind: generate(args, [kind], args.eval_samples, "validation") for kind in ("longrange", "local")}
 
 
-def training_arguments(args: argparse.Namespace, output_dir: Path, steps: int, learning_rate: float, show_progress: bool):
+def training_arguments(
+    args: argparse.Namespace, output_dir: Path, steps: int, learning_rate: float, show_progress: bool
+):
     return TrainingArguments(
         output_dir=str(output_dir),
         per_device_train_batch_size=args.batch_size,
@@ -151,7 +158,8 @@ def training_arguments(args: argparse.Namespace, output_dir: Path, steps: int, l
 
 
 def train_in_process(name: str, layers: list[int], args: argparse.Namespace, show_progress: bool) -> dict:
-    """Train one model on one thread (the two models train side by side): warm-up, then long contexts; evaluate, save."""
+    """Train one model on one thread (the two models train side by side): warm-up, then long contexts; evaluate,
+    save."""
     torch.set_num_threads(1)
     datasets.disable_progress_bars()
     tokenizer = build_longrange_tokenizer(seed=args.seed)
@@ -159,8 +167,10 @@ def train_in_process(name: str, layers: list[int], args: argparse.Namespace, sho
     model = ClusterFormerForQuestionAnswering(make_config(args, tokenizer, layers))
     output_dir = Path(args.output_dir)
     stages = [  # (data, steps, learning rate)
-        (generate(args, ("mention", "local"), args.train_samples, "warmup", warmup=True), args.warmup_steps, args.warmup_learning_rate),
-        (generate(args, ("longrange", "local", "mention"), args.train_samples, "train"), args.max_steps, args.learning_rate),
+        (generate(args, ("mention", "local"), args.train_samples, "warmup", warmup=True),
+         args.warmup_steps, args.warmup_learning_rate),
+        (generate(args, ("longrange", "local", "mention"), args.train_samples, "train"),
+         args.max_steps, args.learning_rate),
     ]
     start = time.time()
     for examples, steps, learning_rate in stages:
@@ -175,17 +185,20 @@ def train_in_process(name: str, layers: list[int], args: argparse.Namespace, sho
     train_seconds = time.time() - start
     data_args = DataArguments(max_seq_length=16384, max_answer_length=5)
     validation = validation_sets(args)
-    scores = {split: predict_answers(trainer, examples, tokenizer, data_args)[1] for split, examples in validation.items()}
+    scores = {
+        split: predict_answers(trainer, examples, tokenizer, data_args)[1] for split, examples in validation.items()
+    }
     model = trainer.model
     path = output_dir / name
     colocation = repeated_token_colocation(model, tokenizer, validation["longrange"]) if layers else None
     card = {
         "model_id": "clusterformer-demo" if layers else f"{name}-demo",
-        "training_data": "Generated two-hop long-range QA (`clusterformer_research.longrange`) with its local control and mention "
-                         "questions, after a warm-up on short contexts.",
+        "training_data": "Generated two-hop long-range QA (`clusterformer_research.longrange`) with its local "
+                         "control and mention questions, after a warm-up on short contexts.",
         "results": [
             {"task": "question-answering",
-             "dataset": {"name": f"Long-range QA (generated, {split} split)", "type": "longrange" if split == "longrange" else "longrange-local", "split": "validation"},
+             "dataset": {"name": f"Long-range QA (generated, {split} split)",
+                         "type": "longrange" if split == "longrange" else "longrange-local", "split": "validation"},
              "metrics": {"exact_match": scores[split]["exact_match"], "f1": scores[split]["f1"]}}
             for split in ("longrange", "local")
         ],
@@ -194,7 +207,8 @@ def train_in_process(name: str, layers: list[int], args: argparse.Namespace, sho
         card["centroid_fitting"] = (
             f"spherical K-Means every {args.centroid_update_steps} steps on a bank of {args.memory_size:,} states"
         )
-    save_for_hub(model, tokenizer, path, card_data=card)  # weights, code, tokenizer and card: `clusterformer push` takes it
+    # weights, code, tokenizer and card: `clusterformer push` takes it
+    save_for_hub(model, tokenizer, path, card_data=card)
     return {"scores": scores, "train_seconds": round(train_seconds, 1), "path": str(path), "colocation": colocation}
 
 
@@ -207,7 +221,11 @@ def repeated_token_colocation(model, tokenizer, examples: datasets.Dataset, coun
         report = inspect_clusters(model, tokenizer, row["question"], row["context"])
         s, p, c = report.repeated_token_colocation()
         shared, pairs, chance = shared + s, pairs + p, chance + c
-    return {"shared_chunk": round(shared / max(pairs, 1), 4), "chance": round(chance / max(len(rows), 1), 4), "pairs": int(pairs)}
+    return {
+        "shared_chunk": round(shared / max(pairs, 1), 4),
+        "chance": round(chance / max(len(rows), 1), 4),
+        "pairs": int(pairs),
+    }
 
 
 def main() -> None:
@@ -242,7 +260,8 @@ def main() -> None:
     print("\n" + "\n".join(table) + "\n", flush=True)
     colocation = results["clusterformer"]["colocation"]
     print(f"Cluster layer {args.cluster_layers[0]}: occurrences of one token a chunk or more apart share a chunk "
-          f"{colocation['shared_chunk']:.1%} of the time ({colocation['pairs']} pairs; {colocation['chance']:.1%} by chance)", flush=True)
+          f"{colocation['shared_chunk']:.1%} of the time ({colocation['pairs']} pairs; "
+          f"{colocation['chance']:.1%} by chance)", flush=True)
 
     print("4/4 answering one question over a long context", flush=True)
     (output_dir / "results.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=1))

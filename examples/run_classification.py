@@ -36,11 +36,11 @@ from transformers import AutoTokenizer, DataCollatorWithPadding, Trainer, Traini
 from hf_clusterformer import CentroidUpdateCallback, ClusterFormerConfig, ClusterFormerForSequenceClassification
 from hf_clusterformer.callback import FiniteTrainingCallback
 from hf_clusterformer.configuration_clusterformer import required_position_embeddings
+from hf_clusterformer.conversion import checkpoint_model_type, convert_checkpoint, model_options
 from hf_clusterformer.data import build_tokenizer
 from hf_clusterformer.data.multipassage import default_squad_path, read_squad
-from hf_clusterformer.conversion import checkpoint_model_type, convert_checkpoint, model_options
-from hf_clusterformer_writing import run_output_dir
 from hf_clusterformer.qa_training import CentroidArguments, ModelArguments, _argument_parser
+from hf_clusterformer_writing import run_output_dir
 
 
 @dataclass
@@ -52,12 +52,16 @@ class ClassificationDataArguments:
     test_every: int = field(default=3, metadata={"help": "Every N-th paragraph of an article is held out for test."})
     train_per_class: int = field(default=12, metadata={"help": "Training excerpts per article."})
     test_per_class: int = field(default=4, metadata={"help": "Test excerpts per article."})
-    excerpt_tokens_min: int = field(default=2000, metadata={"help": "Shortest excerpt (tokens, as far as one side holds)."})
+    excerpt_tokens_min: int = field(
+        default=2000, metadata={"help": "Shortest excerpt (tokens, as far as one side holds)."}
+    )
     excerpt_tokens_max: int = field(default=8000, metadata={"help": "Longest excerpt (tokens)."})
     excerpt_seed: int = field(default=0, metadata={"help": "Seed of the excerpts."})
 
 
-def split_articles(path: str | None, num_classes: int, test_every: int) -> tuple[list[str], list[list[str]], list[list[str]]]:
+def split_articles(
+    path: str | None, num_classes: int, test_every: int
+) -> tuple[list[str], list[list[str]], list[list[str]]]:
     """The ``num_classes`` longest SQuAD articles (by characters): titles, and per article its training and its
     held-out paragraphs (every ``test_every``-th, starting with the second)."""
     articles = read_squad(path or default_squad_path())["data"]
@@ -99,7 +103,9 @@ def load_model(model_args, texts: list[str], labels: list[str], seed: int):
     Cluster-Former or RoBERTa checkpoint, a converted BERT-family one (its pooler kept as the head's dense layer), or
     from scratch with a BPE built on ``texts``."""
     options = {name: getattr(model_args, name) for name in model_options() if getattr(model_args, name) is not None}
-    head = dict(num_labels=len(labels), id2label=dict(enumerate(labels)), label2id={t: i for i, t in enumerate(labels)})
+    head = dict(
+        num_labels=len(labels), id2label=dict(enumerate(labels)), label2id={t: i for i, t in enumerate(labels)}
+    )
     if model_args.dropout is not None:
         head.update(hidden_dropout_prob=model_args.dropout, attention_probs_dropout_prob=model_args.dropout)
     path = model_args.model_name_or_path

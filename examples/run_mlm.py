@@ -54,11 +54,11 @@ from hf_clusterformer import CentroidUpdateCallback, ClusterFormerConfig, Cluste
 from hf_clusterformer.callback import FiniteTrainingCallback
 from hf_clusterformer.centroid_updates import CentroidUpdater
 from hf_clusterformer.configuration_clusterformer import required_position_embeddings
+from hf_clusterformer.conversion import checkpoint_model_type, convert_checkpoint, model_options
 from hf_clusterformer.data import build_tokenizer
 from hf_clusterformer.data.multipassage import default_squad_path, read_squad
-from hf_clusterformer.conversion import checkpoint_model_type, convert_checkpoint, model_options
-from hf_clusterformer_writing import run_output_dir
 from hf_clusterformer.qa_training import CentroidArguments, ModelArguments, _argument_parser
+from hf_clusterformer_writing import run_output_dir
 
 
 @dataclass
@@ -72,7 +72,9 @@ class MlmDataArguments:
     squad_path: str | None = field(default=None, metadata={"help": "SQuAD v1.1 json/zip (default ../shared/data)."})
     validation_articles: int = field(default=6, metadata={"help": "SQuAD articles held out for evaluation."})
     max_seq_length: int = field(default=4096, metadata={"help": "Tokens per block (with <s> and </s>)."})
-    min_block_length: int = field(default=64, metadata={"help": "A document's last, shorter block is kept from this length."})
+    min_block_length: int = field(
+        default=64, metadata={"help": "A document's last, shorter block is kept from this length."}
+    )
     mlm_probability: float = field(default=0.15, metadata={"help": "Share of tokens masked."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Keep at most this many training blocks."})
     max_eval_samples: int | None = field(default=None, metadata={"help": "Keep at most this many held-out blocks."})
@@ -101,15 +103,21 @@ def read_documents(path: str) -> list[str]:
                          "save it as UTF-8.") from None
     if file.suffix == ".txt":
         return [doc.strip() for doc in text.split("\n\n") if doc.strip()]
-    records = [json.loads(line) for line in text.splitlines() if line.strip()] if file.suffix == ".jsonl" else json.loads(text)
-    if not isinstance(records, list) or not all(isinstance(r, dict) and isinstance(r.get("text"), str) for r in records):
+    if file.suffix == ".jsonl":
+        records = [json.loads(line) for line in text.splitlines() if line.strip()]
+    else:
+        records = json.loads(text)
+    if not isinstance(records, list) or not all(
+        isinstance(r, dict) and isinstance(r.get("text"), str) for r in records
+    ):
         raise ValueError(f"data file {path} must hold records with a 'text' field.")
     return [r["text"] for r in records if r["text"].strip()]
 
 
 def squad_articles(path: str | None, held_out: int) -> tuple[list[str], list[str]]:
     """The SQuAD dev articles as documents (paragraphs joined), split by article: (training, held-out last ones)."""
-    articles = [" ".join(p["context"].strip() for p in a["paragraphs"]) for a in read_squad(path or default_squad_path())["data"]]
+    squad = read_squad(path or default_squad_path())
+    articles = [" ".join(p["context"].strip() for p in a["paragraphs"]) for a in squad["data"]]
     if not 0 < held_out < len(articles):
         raise ValueError(f"--validation_articles must be in [1, {len(articles) - 1}], got {held_out}.")
     return articles[:-held_out], articles[-held_out:]
@@ -179,7 +187,9 @@ class MlmCollator:
 # -- model --------------------------------------------------------------------------------------------------------
 
 
-def load_model(model_args, data_args, train_documents: list[str], seed: int = 0) -> tuple[ClusterFormerForMaskedLM, object]:
+def load_model(
+    model_args, data_args, train_documents: list[str], seed: int = 0
+) -> tuple[ClusterFormerForMaskedLM, object]:
     """The MLM model and tokenizer: a Cluster-Former or RoBERTa checkpoint as it is, a BERT-family one converted
     (``cls.predictions`` to ``lm_head``, or a new head drawn with ``seed``), or a model from scratch with a BPE built
     on the data."""
@@ -191,7 +201,8 @@ def load_model(model_args, data_args, train_documents: list[str], seed: int = 0)
     if path is None:
         tokenizer = build_tokenizer(train_documents, vocab_size=model_args.vocab_size)
         values = dict(vocab_size=len(tokenizer), hidden_size=model_args.hidden_size,
-                      num_hidden_layers=model_args.num_hidden_layers, num_attention_heads=model_args.num_attention_heads,
+                      num_hidden_layers=model_args.num_hidden_layers,
+                      num_attention_heads=model_args.num_attention_heads,
                       intermediate_size=model_args.intermediate_size, **options, **extra)
         config = ClusterFormerConfig(**values)
         config.max_position_embeddings = required_position_embeddings(config.max_question_length, config.window_size)
@@ -200,7 +211,8 @@ def load_model(model_args, data_args, train_documents: list[str], seed: int = 0)
         with tempfile.TemporaryDirectory() as folder:
             converted = convert_checkpoint(path, Path(folder) / "model", task="mlm", seed=seed, **options)
             if converted.newly_initialized:
-                print(f"run_mlm.py: new weights (not in {path}): {', '.join(converted.newly_initialized)}", file=sys.stderr)
+                print(f"run_mlm.py: new weights (not in {path}): {', '.join(converted.newly_initialized)}",
+                      file=sys.stderr)
             model = ClusterFormerForMaskedLM.from_pretrained(converted.path, **extra)
             tokenizer = AutoTokenizer.from_pretrained(converted.path)
     else:
@@ -245,7 +257,9 @@ def freeze_all_but_head(model: ClusterFormerForMaskedLM) -> list[str]:
 # -- evaluation ---------------------------------------------------------------------------------------------------
 
 
-def outside_window(input_ids: torch.Tensor, labels: torch.Tensor, window_size: int, window_stride: int) -> torch.Tensor:
+def outside_window(
+    input_ids: torch.Tensor, labels: torch.Tensor, window_size: int, window_stride: int
+) -> torch.Tensor:
     """Which masked tokens occur, unmasked, in the block outside every window that holds them.
 
     A single text ``<s> T </s>`` is windowed over T and its ``</s>``: text index ``j = position - 1`` lies in windows

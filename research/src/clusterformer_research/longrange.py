@@ -551,7 +551,9 @@ def squad_json(records: Sequence[dict[str, Any]], version: str = "longrange") ->
                                 "question": record["question"],
                                 "answers": [
                                     {"text": text, "answer_start": start}
-                                    for text, start in zip(record["answers"]["text"], record["answers"]["answer_start"])
+                                    for text, start in zip(
+                                        record["answers"]["text"], record["answers"]["answer_start"]
+                                    )
                                 ],
                             }
                         ],
@@ -620,9 +622,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.out is not None:
             records = generate_longrange_dataset(
-                args.num_examples, args.seed, tuple(args.context_tokens), args.kind, min_gap_tokens=args.min_gap_tokens,
-                fact_fraction=args.fact_fraction, max_chains=args.max_chains, split=args.split,
-                max_gap_tokens=args.max_gap_tokens, num_facts=args.num_facts, names=args.names,
+                args.num_examples, args.seed, tuple(args.context_tokens), args.kind,
+                min_gap_tokens=args.min_gap_tokens, fact_fraction=args.fact_fraction, max_chains=args.max_chains,
+                split=args.split, max_gap_tokens=args.max_gap_tokens, num_facts=args.num_facts, names=args.names,
                 placement=args.placement, target=args.target,
             )
             path = write_squad_file(records, args.out, overwrite=args.overwrite)

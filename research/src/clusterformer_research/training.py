@@ -25,9 +25,10 @@ import math
 import os
 import random
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -188,8 +189,10 @@ class _Run:
         between_stages = self.optimizer is None
         return {"progress": progress, "plan": self.plan(), "model": self.model.state_dict(),
                 "optimizer": None if between_stages else self.optimizer.state_dict(),
-                "schedule": None if between_stages else self.schedule.state_dict(), "generator": self.generator.get_state(),
-                "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(), "numpy_rng": np.random.get_state(),
+                "schedule": None if between_stages else self.schedule.state_dict(),
+                "generator": self.generator.get_state(),
+                "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
+                "numpy_rng": np.random.get_state(),
                 "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
                 "updater": None if self.updater is None else
                 {"state": self.updater.state_dict(), "banks": self.updater.banks_state_dict()}}
@@ -387,4 +390,5 @@ def _log_progress(run: _Run, stage: TrainStage, log_every: int, eval_every: int,
     p.log.append(entry)
     evaluation = f", {np.mean(p.eval_seconds):.1f} s per evaluation" if p.eval_seconds else ""
     print_fn(f"[{label}] {stage.name} step {p.step}/{run.stage_steps(stage)} loss {entry['loss']:.4f} "
-             f"{np.mean(p.step_seconds[-log_every:]):.2f} s/step{evaluation}, ETA {_eta(run, eval_every) / 60:.1f} min")
+             f"{np.mean(p.step_seconds[-log_every:]):.2f} s/step{evaluation}, "
+             f"ETA {_eta(run, eval_every) / 60:.1f} min")

@@ -33,7 +33,9 @@ MAIN_VARIANTS = ("clusterformer", "clusterformer-prefix", "sliding")
 def centroid_settings(update_every_steps: int, memory_size: int) -> CentroidUpdateSettings:
     """The small models' centroid settings (`SMALL_MODEL_CENTROIDS`) refitted every ``update_every_steps`` over a bank
     of ``memory_size`` states, with the torch K-Means (the same on every machine)."""
-    return replace(SMALL_MODEL_CENTROIDS, update_every_steps=update_every_steps, memory_size=memory_size, backend="torch")
+    return replace(
+        SMALL_MODEL_CENTROIDS, update_every_steps=update_every_steps, memory_size=memory_size, backend="torch"
+    )
 
 
 @dataclass
@@ -89,7 +91,8 @@ def _twin(lo, hi, min_gap=0, max_gap=None, **extra):
 
 
 def _balanced(lo, hi, min_gap=0, max_gap=None, **extra):
-    """Twin questions without a positional shortcut: facts spread evenly, one-token names, the later mention trained."""
+    """Twin questions without a positional shortcut: facts spread evenly, one-token names, the later mention
+    trained."""
     return _twin(lo, hi, min_gap, max_gap, names="words", placement="balanced", target="later", **extra)
 
 
@@ -109,11 +112,14 @@ def make_preset(name: str) -> Preset:
                 Stage("far", {"twin": _twin(70, 90, 30, num_facts=4), "local": _chains(70, 90, 30)}, 4, 4, 1e-3,
                       rehearsal_batch=2),
             ],
-            eval={"twin": _twin(70, 90, 30, num_facts=4), "longrange": _chains(70, 90, 30), "local": _chains(70, 90, 30)},
+            eval={
+                "twin": _twin(70, 90, 30, num_facts=4), "longrange": _chains(70, 90, 30), "local": _chains(70, 90, 30)
+            },
             eval_samples=6, train_samples=16, seeds=[0], variants=["clusterformer", "sliding", "lsh", "sparse"],
             centroids=centroid_settings(2, 2000), time_budget=120, num_facts=4, curve_every=3, curve_samples=4,
         )
-    if name == "gain":  # the gated twin recipe (bench/measured/gain/): near stage to 85 near EM, far stage with rehearsal
+    # the gated twin recipe (bench/measured/gain/): near stage to 85 near EM, far stage with rehearsal
+    if name == "gain":
         near = _twin(62, 72, names="words", placement="gap", target="later", num_places=20, num_facts=5)
         far = _balanced(300, 340, 200, num_places=20)
         return Preset(
@@ -168,7 +174,9 @@ def make_preset(name: str) -> Preset:
             time_budget=3600,
         )
     if name == "gpu":
-        far = {"twin": _twin(1000, 2500, 400), "longrange": _chains(1000, 2500, 400), "local": _chains(1000, 2500, 400)}
+        far = {
+            "twin": _twin(1000, 2500, 400), "longrange": _chains(1000, 2500, 400), "local": _chains(1000, 2500, 400)
+        }
         return Preset(
             pretrained="minilm", window_size=64, window_stride=56, cluster_layers=[3], num_clusters=128,
             stages=[

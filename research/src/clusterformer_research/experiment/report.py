@@ -45,7 +45,8 @@ def summarise(runs: list[dict], kinds: list[str]) -> dict[str, dict[str, dict]]:
 def write_report(output: Path, runs: list[dict], meta: dict, kinds: list[str]) -> str:
     table = summarise(runs, kinds)
     names = {"twin": "one-hop far (twin)", "longrange": "two-hop far (longrange)", "local": "local control"}
-    lines = ["| model | seeds | " + " | ".join(f"{names.get(k, k)} EM" for k in kinds) + " | twin mentions share a chunk |",
+    lines = ["| model | seeds | " + " | ".join(f"{names.get(k, k)} EM" for k in kinds)
+             + " | twin mentions share a chunk |",
              "|---|---|" + "---|" * len(kinds) + "---|"]
     for variant, entry in table.items():
         shared = [r["scores"].get("twin", {}).get("twin_shared_chunk") for r in runs if r["variant"] == variant]
@@ -53,14 +54,16 @@ def write_report(output: Path, runs: list[dict], meta: dict, kinds: list[str]) -
         cells = []
         for k in kinds:
             e = entry[k]
-            cells.append(f"{e['mean']:.1f}" + (f" ({', '.join(f'{v:.1f}' for v in e['seeds'])})" if len(e["seeds"]) > 1 else ""))
+            per_seed = f" ({', '.join(f'{v:.1f}' for v in e['seeds'])})" if len(e["seeds"]) > 1 else ""
+            cells.append(f"{e['mean']:.1f}" + per_seed)
         lines.append(f"| {variant} | {len(entry[kinds[0]]['seeds'])} | " + " | ".join(cells) + " | "
                      + (f"{np.mean(shared):.0f}%" if shared else "–") + " |")
     markdown = "\n".join(lines) + "\n"
     shortcuts = meta.get("positional_shortcuts")
     if shortcuts:
         markdown += (f"\nPositional shortcuts on the same twin questions: first fact {shortcuts['first_fact']:.1f}, "
-                     f"last fact {shortcuts['last_fact']:.1f}, best single fact slot {shortcuts['best_fact_slot']:.1f} "
+                     f"last fact {shortcuts['last_fact']:.1f}, "
+                     f"best single fact slot {shortcuts['best_fact_slot']:.1f} "
                      f"(chance {shortcuts['chance']:.1f} over places, {shortcuts.get('random_mention', 0):.1f} for a "
                      "uniformly drawn mention).\n")
     curves = [run for run in runs if run.get("curve")]
@@ -69,7 +72,8 @@ def write_report(output: Path, runs: list[dict], meta: dict, kinds: list[str]) -
                      "global step: EM):\n\n")
         for run in curves:
             points = ", ".join(f"{p['global_step']}: " + (f"{p['twin_em']:.0f}" if "twin_em" in p else "-")
-                               + (f" (near {p['near_twin_em']:.0f})" if "near_twin_em" in p else "") for p in run["curve"])
+                               + (f" (near {p['near_twin_em']:.0f})" if "near_twin_em" in p else "")
+                               for p in run["curve"])
             markdown += f"- {run['variant']} / seed {run['seed']}: {points}\n"
     header = (f"Preset `{meta['preset']}` on {meta['device_name']} ({meta['dtype']}), {meta['wall_seconds']:.0f} s; "
               f"steps {meta['steps']}; EM in %, mean over seeds (per seed in brackets).\n\n")

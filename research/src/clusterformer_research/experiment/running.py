@@ -23,16 +23,16 @@ import numpy as np
 import torch
 
 from hf_clusterformer.centroid_updates import CentroidUpdater
-from hf_clusterformer.features import prepare_train_features, prepare_validation_features
 from hf_clusterformer.conversion import convert_checkpoint
+from hf_clusterformer.features import prepare_train_features, prepare_validation_features
 from hf_clusterformer.hub import quiet_loading, save_for_hub
-from hf_clusterformer_files import check_output_dir
 from hf_clusterformer.modeling_clusterformer import ClusterFormerForQuestionAnswering
 from hf_clusterformer.pipeline import rank_spans
+from hf_clusterformer_files import check_output_dir
 
 from ..longrange import generate_longrange_dataset
-from .recipes import MAIN_VARIANTS, PRETRAINED_ORIGIN, VARIANT_LAYER_TYPE, VARIANT_OPTIONS, Preset, Stage
 from ..training import Gate, TrainStage, pad_batch, train_stages
+from .recipes import MAIN_VARIANTS, PRETRAINED_ORIGIN, VARIANT_LAYER_TYPE, VARIANT_OPTIONS, Preset, Stage
 from .report import positional_shortcuts, write_report
 
 #: The folder under a comparison's output where each run saves its state (every 25 steps; removed when the report is
@@ -55,7 +55,8 @@ def generate(kind: str, options: dict, samples: int, split: str, seed: int, num_
 def encode_train(records: list[dict], tokenizer) -> list[dict]:
     columns = {key: [r[key] for r in records] for key in ("question", "context", "answers")}
     features = prepare_train_features(columns, tokenizer, max_length=1 << 20)
-    return [{key: features[key][i] for key in ("input_ids", "start_positions", "end_positions")} for i in range(len(records))]
+    keys = ("input_ids", "start_positions", "end_positions")
+    return [{key: features[key][i] for key in keys} for i in range(len(records))]
 
 
 def tiny_bert(directory: Path, corpus: list[str]) -> Path:
@@ -121,7 +122,9 @@ def twin_colocation(cluster_ids: torch.Tensor, token_index: torch.Tensor, answer
     """
     sentinel = torch.iinfo(cluster_ids.dtype).max
     order = torch.sort(cluster_ids.masked_fill(cluster_ids < 0, sentinel), dim=1, stable=True).indices
-    rank = torch.empty_like(order).scatter_(1, order, torch.arange(order.shape[1], device=order.device).expand_as(order))
+    rank = torch.empty_like(order).scatter_(
+        1, order, torch.arange(order.shape[1], device=order.device).expand_as(order)
+    )
     chunk = rank // chunk_size  # (B, L)
     result = []
     for b, (first, second) in enumerate(answer_tokens):
@@ -218,7 +221,8 @@ def load_variant(setup: RunSetup, variant: str, seed: int):
     tokenizer = AutoTokenizer.from_pretrained(init)
     torch.manual_seed(seed)
     np.random.seed(seed)
-    model = ClusterFormerForQuestionAnswering.from_pretrained(init, **VARIANT_OPTIONS.get(variant, {})).to(setup.device)
+    model = ClusterFormerForQuestionAnswering.from_pretrained(init, **VARIANT_OPTIONS.get(variant, {}))
+    model = model.to(setup.device)
     if setup.preset.frozen_layers:
         for module in [model.roberta.embeddings, *model.roberta.encoder.layer[: setup.preset.frozen_layers]]:
             module.requires_grad_(False)
@@ -315,8 +319,9 @@ def run_one(setup: RunSetup, variant: str, seed: int, train_seconds: float | Non
         for stage in preset.stages:
             setup.step_plan.setdefault(stage.name, result["stages"][stage.name])
         started = time.time()
-        scores = {kind: evaluate(model, tokenizer, generate(kind, options, preset.eval_samples, "validation", 1000,
-                                                           preset.num_facts), preset, setup.device, setup.dtype, 16, kind)
+        scores = {kind: evaluate(model, tokenizer,
+                                 generate(kind, options, preset.eval_samples, "validation", 1000, preset.num_facts),
+                                 preset, setup.device, setup.dtype, 16, kind)
                   for kind, options in preset.eval.items()}
         if updater is not None:
             updater.close()
@@ -345,14 +350,17 @@ def run_queue(preset: Preset) -> tuple[list[tuple[str, int]], int]:
 
 
 def _run_on_cpu(setup: RunSetup, queue, fits, record, workers: int | None) -> None:
-    """Waves of ``workers`` runs in parallel processes; one worker runs them in this process (no interpreter to start)."""
+    """Waves of ``workers`` runs in parallel processes; one worker runs them in this process (no interpreter to
+    start)."""
     import contextlib
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     workers = workers or min(2, os.cpu_count() or 1)
     setup.threads = setup.threads or max(1, (os.cpu_count() or 1) // workers)
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) if workers > 1 else None
+    pool = None
+    if workers > 1:
+        pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
     with pool or contextlib.nullcontext():
         for begin in range(0, len(queue), workers):
             if not fits(begin):
@@ -450,7 +458,9 @@ def run_meta(setup: RunSetup, name: str, started: float, skipped: list[str], run
     preset, device = setup.preset, setup.device
     meta = {
         "preset": name, "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({os.cpu_count()} cores)",
+        "device_name": (
+            torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({os.cpu_count()} cores)"
+        ),
         "dtype": str(setup.dtype).replace("torch.", ""), "torch": torch.__version__,
         "transformers": __import__("transformers").__version__, "python": platform.python_version(),
         "wall_seconds": round(time.time() - started, 1), "skipped": skipped,

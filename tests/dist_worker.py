@@ -21,8 +21,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from helpers import tiny_config  # noqa: E402
-from test_callback import CentroidSnapshots, TinyQA  # noqa: E402
+from helpers import CentroidSnapshots, TinyQA, tiny_config  # noqa: E402
 from transformers import Trainer, TrainingArguments  # noqa: E402
 
 from hf_clusterformer import ClusterFormerForQuestionAnswering  # noqa: E402

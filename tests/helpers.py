@@ -1,5 +1,5 @@
-"""Small builders shared by the tests: tiny configs, pair-encoded batches made from token ids and SQuAD-format
-data files."""
+"""Small builders shared by the tests: tiny configs, pair-encoded and single-text batches made from token ids,
+SQuAD-format data files, a tiny world for the commands, and a QA data set and callback for the Trainer."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 import torch
+from transformers import RobertaConfig, TrainerCallback
 
 from hf_clusterformer import ClusterFormerConfig
 
@@ -67,6 +68,17 @@ def pad_batch(examples: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         ids[row, : len(example)] = torch.tensor(example)
         mask[row, : len(example)] = 1
     return ids, mask
+
+
+def single_text(generator: torch.Generator, length: int, vocab: int = 100) -> list[int]:
+    """``<s> T </s>`` of random non-special tokens."""
+    return [BOS, *torch.randint(4, vocab, (length,), generator=generator).tolist(), SEP]
+
+
+def roberta_twin(config, **overrides) -> RobertaConfig:
+    """The RoBERTa config of ``config``'s shared fields (``overrides`` on top)."""
+    fields = RobertaConfig().to_dict().keys()
+    return RobertaConfig(**{**{k: v for k, v in config.to_dict().items() if k in fields}, **overrides})
 
 
 @contextlib.contextmanager
@@ -132,3 +144,42 @@ def tiny_roberta(path: Path, tokenizer, head=None, seed: int = 1, **config) -> P
     (head(config, add_pooling_layer=False) if head is RobertaModel else head(config)).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+# -- training through the Trainer (tests/test_callback.py, dist_worker.py) --------------------------------------------
+
+class TinyQA(torch.utils.data.Dataset):
+    """Random pair encodings of varied length, right-padded to one length, with a random context answer span."""
+
+    def __init__(self, size: int, seed: int = 0, length: int = 50):
+        generator = torch.Generator().manual_seed(seed)
+        self.rows = []
+        for i in range(size):
+            ids = random_example(generator, 4, 20 + (7 * i) % 22)
+            start = int(torch.randint(7, len(ids) - 2, (1,), generator=generator))
+            mask = [1] * len(ids) + [0] * (length - len(ids))
+            ids = ids + [PAD] * (length - len(ids))
+            self.rows.append(
+                {
+                    "input_ids": torch.tensor(ids),
+                    "attention_mask": torch.tensor(mask),
+                    "start_positions": torch.tensor(start),
+                    "end_positions": torch.tensor(start + 1),
+                }
+            )
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return self.rows[index]
+
+
+class CentroidSnapshots(TrainerCallback):
+    """Records the centroids each optimizer step trains with (taken when the step begins)."""
+
+    def __init__(self):
+        self.by_step: dict[int, torch.Tensor] = {}
+
+    def on_step_begin(self, args, state, control, model=None, **kwargs):
+        self.by_step[state.global_step + 1] = model.cluster_routers()[2].centroids.detach().clone()

@@ -146,6 +146,46 @@ def test_the_cycle_finder_finds_a_circle():
     assert _cycles(Graph(), {"a", "b", "c", "d"}) == [["a", "b", "c"]]
 
 
+#: The folders of the tests: the library's and the research package's.
+TEST_FOLDERS = (ROOT / "tests", ROOT / "research" / "tests")
+
+
+def _test_module_imports(source: str) -> list[str]:
+    """The ``test_*`` modules a source imports anywhere (top level or inside functions; ``tests.test_x`` and relative
+    imports too): a test file is no library; what tests share lives in tests/helpers.py and its ``*_helpers`` kin."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [node.module] if node.module else []
+            if node.module is None or node.module.split(".")[-1] == "tests":  # ``from . import test_x``: the alias
+                names += [alias.name for alias in node.names]
+        else:
+            continue
+        found += [name for name in names if any(part.startswith("test_") for part in name.split("."))]
+    return found
+
+
+def test_no_test_file_imports_another():
+    """No file under tests/ or research/tests/ (test files, helpers, workers, conftest) imports a ``test_*`` module:
+    each test file runs alone, and the builders that tests share live in the helper modules."""
+    scanned, offenders = 0, []
+    for folder in TEST_FOLDERS:
+        for path in sorted(folder.rglob("*.py")) if folder.is_dir() else []:
+            scanned += 1
+            imported = _test_module_imports(path.read_text(encoding="utf-8"))
+            offenders += [f"{path.relative_to(ROOT)} imports {name}" for name in imported]
+    assert scanned > 40 and offenders == [], offenders
+
+
+def test_the_test_import_scan_finds_one():
+    source = ("import helpers\nfrom test_export import CONFIG\nimport tests.test_cli\nfrom . import test_heads\n"
+              "from tests import test_tasks\nfrom helpers import test_like_name\ndef f():\n    import test_remote_code\n")
+    found = _test_module_imports(source)
+    assert sorted(found) == ["test_export", "test_heads", "test_remote_code", "test_tasks", "tests.test_cli"]
+
+
 def _resolve(name: str) -> object:
     """The object a dotted name ``package.module.attribute...`` names (AttributeError / ImportError if none)."""
     parts = name.split(".")

@@ -6,7 +6,7 @@ import os
 
 import pytest
 import torch
-from helpers import PAD, random_example, tiny_config
+from helpers import CentroidSnapshots, TinyQA, tiny_config
 from safetensors.torch import load_file
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
@@ -14,44 +14,6 @@ from hf_clusterformer import ClusterFormerForQuestionAnswering
 from hf_clusterformer.callback import BANK_FILE, CentroidUpdateCallback
 
 CENTROIDS = "roberta.encoder.layer.2.router.centroids"
-
-
-
-class TinyQA(torch.utils.data.Dataset):
-    """Random pair encodings of varied length, right-padded to one length, with a random context answer span."""
-
-    def __init__(self, size: int, seed: int = 0, length: int = 50):
-        generator = torch.Generator().manual_seed(seed)
-        self.rows = []
-        for i in range(size):
-            ids = random_example(generator, 4, 20 + (7 * i) % 22)
-            start = int(torch.randint(7, len(ids) - 2, (1,), generator=generator))
-            mask = [1] * len(ids) + [0] * (length - len(ids))
-            ids = ids + [PAD] * (length - len(ids))
-            self.rows.append(
-                {
-                    "input_ids": torch.tensor(ids),
-                    "attention_mask": torch.tensor(mask),
-                    "start_positions": torch.tensor(start),
-                    "end_positions": torch.tensor(start + 1),
-                }
-            )
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return self.rows[index]
-
-
-class CentroidSnapshots(TrainerCallback):
-    """Records the centroids each optimizer step trains with (taken when the step begins)."""
-
-    def __init__(self):
-        self.by_step: dict[int, torch.Tensor] = {}
-
-    def on_step_begin(self, args, state, control, model=None, **kwargs):
-        self.by_step[state.global_step + 1] = model.cluster_routers()[2].centroids.detach().clone()
 
 
 def make_trainer(

@@ -8,7 +8,8 @@ two run in parallel under `make test`)."""
 import pytest
 import torch
 from hf_clusterformer_cli import main
-from helpers import open_routed_paths, pad_batch, random_example, tiny_config
+from export_helpers import CONFIG, SMALL, TRACED_LENGTH, fitted_model
+from helpers import pad_batch, random_example, tiny_config
 
 import transformers
 
@@ -31,12 +32,6 @@ from hf_clusterformer.export import (
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
-# Window l = 16, stride m = 12 (tiny_config); every layer type, and the traced length is none of those below.
-CONFIG = dict(num_hidden_layers=5, cluster_layers=[1, 2, 3, 4],
-              global_layer_type=["cluster", "lsh", "sparse", "window_cluster"])
-TRACED_LENGTH = 41
-#: Two layers (a sliding and a cluster one) where a test checks a head, not the layer types: a smaller program.
-SMALL = dict(num_hidden_layers=2, cluster_layers=[1])
 #: (question, context) lengths per row: shorter than one window, two, several windows, a length that is no multiple
 #: of m (the program's window count is the batch's own, from one up).
 BATCHES = {
@@ -46,17 +41,6 @@ BATCHES = {
     "not a multiple of the stride": [(5, 37)],
     "padded, batch of 3": [(8, 29), (1, 61), (3, 14)],
 }
-
-
-def fitted_model(cls, seed: int, **config):
-    """A tiny ``cls`` in eval mode, drawn with ``seed``, its centroids marked fitted (random ones do for export) and
-    its window_cluster layers' routed projections drawn (at their zero start the routed path would add nothing)."""
-    torch.manual_seed(seed)
-    model = cls(tiny_config(**config)).eval()
-    for router in model.cluster_routers().values():
-        router.fitted.fill_(True)
-    open_routed_paths(model)
-    return model
 
 
 @pytest.fixture(scope="module")

@@ -4,9 +4,9 @@ A file of its own, so that the two export files run in parallel under `make test
 
 import pytest
 import torch
+from export_helpers import CONFIG, SMALL, TRACED_LENGTH, fitted_model
 from hf_clusterformer_cli import main
 from helpers import pad_batch, random_example
-from test_export import CONFIG, SMALL, TRACED_LENGTH, fitted_model
 
 from hf_clusterformer import ClusterFormerForMultipleChoice, ClusterFormerForSequenceClassification
 from hf_clusterformer.export import (

@@ -9,10 +9,9 @@ import json
 
 import pytest
 import torch
-from helpers import pad_batch, pair_encoding, random_example, tiny_config
+from helpers import pad_batch, pair_encoding, random_example, roberta_twin, single_text, tiny_config
+from remote_code_helpers import HIDE_PACKAGE, OFFLINE, SENTENCES
 from support.hub_fixtures import run_with_endpoint
-from test_remote_code import HIDE_PACKAGE, OFFLINE, SENTENCES
-from test_single_text import roberta_twin, single_text
 from transformers import (
     AutoModelForMaskedLM,
     AutoModelForMultipleChoice,

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import tiny_config, transformers_warnings
+from remote_code_helpers import HIDE_PACKAGE, OFFLINE, SENTENCES
 from support.hub_fixtures import TEST_TOKEN, run_with_endpoint
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
@@ -36,33 +37,9 @@ from hf_clusterformer.hub import (
 )
 from hf_clusterformer.pipeline import ClusterFormerQuestionAnsweringPipeline, required_model_max_length
 
-SENTENCES = [
-    "Zorvan lives with Melka in the old house by the river.",
-    "Melka lives in Tarsk, a town known for its bridge.",
-    "The market was quiet that morning and the road was wet.",
-    "Where does Zorvan live? Who lives in Tarsk?",
-]
 QUESTION = "Where does Zorvan live?"
 CONTEXT = " ".join(SENTENCES[i % 3] for i in range(12))
-OFFLINE = "http://127.0.0.1:9"  # nothing listens there; local loads never need it
 
-HIDE_PACKAGE = """
-import importlib.abc, sys
-
-class _HidePlugin(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0].startswith("hf_clusterformer"):  # the package and its top-level modules
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-        return None
-
-sys.meta_path.insert(0, _HidePlugin())
-try:
-    import hf_clusterformer
-except ModuleNotFoundError:
-    pass
-else:
-    raise SystemExit("hf_clusterformer is still importable")
-"""
 
 LOAD = HIDE_PACKAGE + """
 import json

@@ -5,23 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import BOS, SEP, open_routed_paths, pad_batch, random_example, tiny_config
-from transformers import RobertaConfig, RobertaModel
+from helpers import open_routed_paths, pad_batch, random_example, roberta_twin, single_text, tiny_config
+from transformers import RobertaModel
 
 from hf_clusterformer import ClusterFormerForQuestionAnswering, ClusterFormerModel
 
 ALL_KINDS = dict(num_hidden_layers=5, cluster_layers=[1, 2, 3, 4],
                  global_layer_type=["cluster", "lsh", "sparse", "window_cluster"])
-
-
-def roberta_twin(config, **overrides) -> RobertaConfig:
-    fields = RobertaConfig().to_dict().keys()
-    return RobertaConfig(**{**{k: v for k, v in config.to_dict().items() if k in fields}, **overrides})
-
-
-def single_text(generator: torch.Generator, length: int, vocab: int = 100) -> list[int]:
-    """``<s> T </s>`` of random non-special tokens."""
-    return [BOS, *torch.randint(4, vocab, (length,), generator=generator).tolist(), SEP]
 
 
 def left_pad(examples: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:

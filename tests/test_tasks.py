@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from huggingface_hub import metadata_load
-from test_remote_code import HIDE_PACKAGE
+from remote_code_helpers import HIDE_PACKAGE
 from transformers import (
     RobertaForMaskedLM,
     RobertaForMultipleChoice,

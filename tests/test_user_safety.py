@@ -17,8 +17,8 @@ import torch
 from helpers import (
     CHILD_ENV, CONTEXT, QUESTION, SENTENCES, SMALL, sentence_tokenizer, squad_jsonl, tiny_config, tiny_roberta,
 )
+from remote_code_helpers import HIDE_PACKAGE
 from safetensors.torch import load_file
-from test_remote_code import HIDE_PACKAGE
 from transformers import BertConfig, BertForQuestionAnswering, BertTokenizerFast
 
 import hf_clusterformer

@@ -21,7 +21,7 @@ import torch
 from helpers import (
     CHILD_ENV, CONTEXT, QUESTION, SENTENCES, SMALL, sentence_tokenizer, squad_jsonl, tiny_config, tiny_roberta,
 )
-from test_remote_code import HIDE_PACKAGE
+from remote_code_helpers import HIDE_PACKAGE
 from transformers import GPT2Config, GPT2Model, RobertaForQuestionAnswering
 
 import hf_clusterformer

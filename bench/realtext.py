@@ -77,7 +77,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 STOP_ENV = "REALTEXT_STOP_AT"
 #: Settings that do not change a seed's numbers (all others must match the folder's ``config.json`` to resume; seeds
 #: may be added to a folder).
-RUN_ONLY = ("output_dir", "record_dir", "report_only", "plan_only", "stop_after", "models", "worker_seed", "worker_models", "seeds",
+RUN_ONLY = ("output_dir", "record_dir", "report_only", "plan_only", "stop_after", "models", "worker_seed",
+            "worker_models", "seeds",
             "parallel", "gradient_checkpointing",
             "threads", "threads_a", "time_limit", "squad_path", "pretrained", "log_every", "eval_log_every",
             "bootstrap_samples", "argv")
@@ -85,7 +86,8 @@ RUN_ONLY = ("output_dir", "record_dir", "report_only", "plan_only", "stop_after"
 CPU = dict(
     seeds=[0], device="cpu", dtype="float32", parallel=True, gradient_checkpointing=True, threads=1, threads_a=2,
     time_limit=0, cluster_kind="window_cluster", route_by="states",
-    train_articles=[0, 36], validation_articles=[36, 40], layers=0, cluster_layer=3, num_clusters=128, window_size=256, window_stride=224, max_question_length=64,
+    train_articles=[0, 36], validation_articles=[36, 40], layers=0, cluster_layer=3, num_clusters=128,
+    window_size=256, window_stride=224, max_question_length=64,
     update_every_steps=50, memory_size=20000, min_states=None, max_capture_per_forward=2048,
     a_questions=0, a_steps=500, a_batch=16, a_max_length=256, a_lr=2e-4, a_warmup=20, a_seconds=0,
     a_eval_questions=64, a_eval_every=50, fit_batches=8,
@@ -118,7 +120,8 @@ PRESETS = {
 #: took the sliding model's time within the noise (factors 1.0). ``two_threads``: stage A's speed-up on two free cores,
 #: assumed (two threads were slower than one while other jobs ran); the first timed steps of A check it.
 #: ``train_slot`` measured again on 2026-11-29: stage A's steps took 8.25-8.6 s on two threads with nothing else
-#: running (the earlier 1.35e-3 predicted 3.1 s), bench/measured/realtext/first-timed-steps/. ``eval_slot`` measured again
+#: running (the earlier 1.35e-3 predicted 3.1 s), bench/measured/realtext/first-timed-steps/. ``eval_slot`` measured
+#: again
 #: on 2026-11-29 with the cores otherwise idle: the start cells took 0.254-0.258 s per oracle question and 2.0 s per
 #: question at 2k tokens (3.3e-4 predicted 0.09 s and 0.81 s), bench/measured/realtext/cpu-seed0/.
 COSTS = {"train_slot": 3.6e-3, "eval_slot": 8.5e-4, "cluster_train": 1.0, "cluster_eval": 1.0, "two_threads": 1.6}
@@ -135,8 +138,9 @@ HELP = {
     "validation_articles": "articles [first, end) held out of training and of the test cells: stage A's curve and the "
     "variant screen (--split validation)",
     "layers": "keep MiniLM's first N layers (0: all 6)", "cluster_layer": "Cluster-Former's cluster layer",
-    "cluster_kind": "the kind of that layer: window_cluster (the window's attention plus the cluster chunk's, equal to "
-    "the sliding model at its start) or cluster (the paper's: the cluster chunk's attention instead of the window's)",
+    "cluster_kind": "the kind of that layer: window_cluster (the window's attention plus the cluster chunk's, equal "
+    "to the sliding model at its start) or cluster (the paper's: the cluster chunk's attention instead of the "
+    "window's)",
     "route_by": "what the cluster layer routes by: its input states or their key projections",
     "num_clusters": "its K-Means centroids", "window_size": "context tokens per window",
     "window_stride": "window stride (and chunk size of the cluster layer)",
@@ -292,14 +296,17 @@ def gold_record(corpus: Corpus, paragraph: int, qa: dict) -> dict:
     """A SQuAD-format record with the gold paragraph alone as context."""
     text = corpus.texts[paragraph]
     return {"id": qa["id"], "question": qa["question"], "context": text,
-            "answers": {"text": [a["text"] for a in qa["answers"]], "answer_start": [a["answer_start"] for a in qa["answers"]]},
+            "answers": {"text": [a["text"] for a in qa["answers"]],
+                        "answer_start": [a["answer_start"] for a in qa["answers"]]},
             "passages": [[0, len(text)]], "gold": 0, "article": corpus.article[paragraph]}
 
 
-def distractor_order(corpus: Corpus, gold: int, kind: str, articles: tuple[int, int], rng: np.random.Generator) -> list[int]:
+def distractor_order(corpus: Corpus, gold: int, kind: str, articles: tuple[int, int],
+                     rng: np.random.Generator) -> list[int]:
     """Candidate distractor paragraphs in the order they are taken: shuffled paragraphs of other articles within
     ``articles`` (``other``), or of the gold's article first, then of the other articles (``same``)."""
-    candidates = np.array([p for p in range(len(corpus.texts)) if articles[0] <= corpus.article[p] < articles[1] and p != gold])
+    candidates = np.array([p for p in range(len(corpus.texts))
+                           if articles[0] <= corpus.article[p] < articles[1] and p != gold])
     own = np.array([corpus.article[p] == corpus.article[gold] for p in candidates], dtype=bool)
     others = candidates[~own][rng.permutation(int((~own).sum()))]
     if kind == "other":
@@ -316,7 +323,8 @@ def multipassage_record(corpus: Corpus, paragraph: int, qa: dict, kind: str, tar
     order = distractor_order(corpus, paragraph, kind, articles, rng)
     total = corpus.lengths([paragraph])[0] + marker_tokens
     chosen: list[int] = []
-    for p, n in zip(order, (n for begin in range(0, len(order), 32) for n in corpus.lengths(order[begin: begin + 32]))):
+    lengths = (n for begin in range(0, len(order), 32) for n in corpus.lengths(order[begin: begin + 32]))
+    for p, n in zip(order, lengths):
         if total + n + marker_tokens - target > target - total:  # stop where the length is closest to the target
             break
         chosen.append(p)
@@ -334,8 +342,10 @@ def multipassage_record(corpus: Corpus, paragraph: int, qa: dict, kind: str, tar
     shift = spans[place][0]
     record = gold_record(corpus, paragraph, qa)
     record.update(context=context, passages=spans, gold=place,
-                  answers={"text": record["answers"]["text"], "answer_start": [s + shift for s in record["answers"]["answer_start"]]})
-    assert all(context[s: s + len(t)] == t for t, s in zip(record["answers"]["text"], record["answers"]["answer_start"]))
+                  answers={"text": record["answers"]["text"],
+                           "answer_start": [s + shift for s in record["answers"]["answer_start"]]})
+    answers = record["answers"]
+    assert all(context[s: s + len(t)] == t for t, s in zip(answers["text"], answers["answer_start"]))
     return record
 
 
@@ -357,7 +367,8 @@ def start_cells(args) -> list[tuple[str, int]]:
 
 
 def final_cells(args) -> list[tuple[str, int]]:
-    """Stage C's cells, cheapest first: the oracle, ``other`` at ``--other_lengths``, ``same`` at ``--same_lengths``."""
+    """Stage C's cells, cheapest first: the oracle, ``other`` at ``--other_lengths``, ``same`` at
+    ``--same_lengths``."""
     cells = [("other", n) for n in args.other_lengths] + [("same", n) for n in args.same_lengths]
     return [(ORACLE, 0)] + sorted(cells, key=lambda cell: (cell[1], KINDS.index(cell[0])))
 
@@ -1028,7 +1039,8 @@ def run_study(study: Study) -> None:
         print_plan(study)
         return
     if set(a.models) != set(MODELS) and a.b_min_steps < a.b_steps:
-        raise SystemExit("--models needs a fixed stage B length (--b_min_steps = --b_steps): sizing B times both models")
+        raise SystemExit("--models needs a fixed stage B length (--b_min_steps = --b_steps): sizing B times both "
+                         "models")
     study.out.mkdir(parents=True, exist_ok=True)
     check_config(study)
     convert_init(study)

@@ -53,7 +53,9 @@ def pair_encoding(question: list[int], context: list[int]) -> list[int]:
     return [BOS, *question, SEP, SEP, *context, SEP]
 
 
-def random_example(generator: torch.Generator, question_length: int, context_length: int, vocab: int = 100) -> list[int]:
+def random_example(
+    generator: torch.Generator, question_length: int, context_length: int, vocab: int = 100
+) -> list[int]:
     """A pair encoding of random non-special tokens."""
     tokens = torch.randint(4, vocab, (question_length + context_length,), generator=generator).tolist()
     return pair_encoding(tokens[:question_length], tokens[question_length:])
@@ -109,7 +111,7 @@ def squad_jsonl(path: Path, question: str, context: str, answer: str, count: int
     return path
 
 
-# -- a tiny world for the commands' tests: three sentences, a question (answer: Tarsk), a tokenizer, a checkpoint ------
+# -- a tiny world for the commands' tests: three sentences, a question (answer: Tarsk), a tokenizer, a checkpoint --
 
 SENTENCES = [
     "Zorvan lives with Melka in the old house by the river.",

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import pad_batch, random_example, tiny_config
 
 from hf_clusterformer import ClusterFormerModel
 from hf_clusterformer.modeling_clusterformer import ClusterFormerEncoder
-
-from helpers import pad_batch, random_example, tiny_config
 
 
 def _examples(lengths=((3, 40), (5, 70), (2, 25))):
@@ -50,8 +49,8 @@ def _reference_prefixed_layer(encoder: ClusterFormerEncoder, index: int, states,
         prefix_slots = layout.valid[b, :, :width] & ~layout.is_context[b, :, :width]  # (K, P)
         q_len = int(prefix_slots.any(0).sum())
         prefix = torch.stack([states[b, k, :q_len] for k in range(states.shape[1]) if prefix_slots[k].any()]).mean(0)
-        owners = [(int(layout.token_index[b, k, s]), k, s) for k in range(states.shape[1]) for s in range(states.shape[2])
-                  if layout.owner[b, k, s]]
+        owners = [(int(layout.token_index[b, k, s]), k, s)
+                  for k in range(states.shape[1]) for s in range(states.shape[2]) if layout.owner[b, k, s]]
         owners.sort()
         vectors = torch.stack([states[b, k, s] for _, k, s in owners])
         unit = torch.nn.functional.normalize(vectors, dim=-1)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import random_example, pad_batch, tiny_config
+from helpers import pad_batch, random_example, tiny_config
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -42,7 +42,8 @@ def test_one_graph_break_where_the_lengths_are_read_back():
     torch._dynamo.reset()
     config = tiny_config(**PAPER_KINDS)
     ids, mask = batch()
-    for model, breaks in ((ClusterFormerModel(config).eval(), 2), (ClusterFormerForQuestionAnswering(config).eval(), 3)):
+    models = ((ClusterFormerModel(config).eval(), 2), (ClusterFormerForQuestionAnswering(config).eval(), 3))
+    for model, breaks in models:
         with torch.no_grad():
             explained = torch._dynamo.explain(model)(ids, attention_mask=mask)
         assert len(explained.break_reasons) == 1, [reason.reason for reason in explained.break_reasons]

@@ -7,11 +7,9 @@ two run in parallel under `make test`)."""
 
 import pytest
 import torch
-from hf_clusterformer_cli import main
+import transformers
 from export_helpers import CONFIG, SMALL, TRACED_LENGTH, fitted_model
 from helpers import pad_batch, random_example, tiny_config
-
-import transformers
 
 from hf_clusterformer import (
     ClusterFormerForQuestionAnswering,
@@ -28,6 +26,7 @@ from hf_clusterformer.export import (
     program_metadata,
     write_program,
 )
+from hf_clusterformer_cli import main
 
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")

@@ -1,11 +1,11 @@
 """Export of the heads beside question answering (tests/test_export.py): multiple choice (every layer kind, routed by
-key projections) at other choice counts and lengths, a classification head with left padding, and every other head (fill-mask in every format) equal to eager.
+key projections) at other choice counts and lengths, a classification head with left padding, and every other head
+(fill-mask in every format) equal to eager.
 A file of its own, so that the two export files run in parallel under `make test`."""
 
 import pytest
 import torch
 from export_helpers import CONFIG, SMALL, TRACED_LENGTH, fitted_model
-from hf_clusterformer_cli import main
 from helpers import pad_batch, random_example
 
 from hf_clusterformer import ClusterFormerForMultipleChoice, ClusterFormerForSequenceClassification
@@ -17,6 +17,7 @@ from hf_clusterformer.export import (
     program_metadata,
     write_program,
 )
+from hf_clusterformer_cli import main
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")

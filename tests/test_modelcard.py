@@ -90,7 +90,9 @@ def test_body_explains_the_cluster_configuration_and_loading():
     assert "An LSH layer" in text
     assert 'hf_clusterformer.pipeline(model="user/cf")' in text
     assert 'pipeline("question-answering", model="user/cf", trust_remote_code=True, revision=revision)' in text
-    assert 'AutoModelForQuestionAnswering.from_pretrained("user/cf", trust_remote_code=True, revision=revision)' in text
+    assert (
+        'AutoModelForQuestionAnswering.from_pretrained("user/cf", trust_remote_code=True, revision=revision)' in text
+    )
     assert 'revision = "main"' in text and "replace\n`\"main\"` with the commit you tested" in text
     pinned = make_model_card(config, model_id="user/cf", revision="0123abc").text
     assert 'revision = "0123abc"' in pinned and "with the commit you tested" not in pinned

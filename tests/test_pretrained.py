@@ -14,8 +14,8 @@ from transformers import BertConfig, BertForQuestionAnswering, BertModel, BertTo
 
 from clusterformer_research.longrange import generate_longrange_dataset
 from hf_clusterformer import ClusterFormerForQuestionAnswering, ClusterFormerModel
-from hf_clusterformer.data import approx_token_count
 from hf_clusterformer.conversion import convert_checkpoint
+from hf_clusterformer.data import approx_token_count
 from hf_clusterformer.pretrained import (
     PRETRAINED_SOURCES,
     PretrainedSource,
@@ -60,7 +60,8 @@ def test_bert_converts_and_equals_bert_in_one_window(tmp_path):
     with torch.no_grad():
         expected = bert(**encoded).last_hidden_state[mask]
         with_types = model(**encoded).last_hidden_state[mask]
-        derived_types = model(input_ids=encoded["input_ids"], attention_mask=encoded["attention_mask"]).last_hidden_state[mask]
+        derived = model(input_ids=encoded["input_ids"], attention_mask=encoded["attention_mask"])
+        derived_types = derived.last_hidden_state[mask]
     torch.testing.assert_close(with_types, expected, atol=1e-5, rtol=0)
     torch.testing.assert_close(derived_types, expected, atol=1e-5, rtol=0)
     fresh = ClusterFormerForQuestionAnswering.from_pretrained(converted.path)
@@ -162,7 +163,8 @@ def test_minilm_converts_exactly(tmp_path):
         expected = BertModel.from_pretrained(source).eval()(**encoded).last_hidden_state[mask]
         got = ClusterFormerModel.from_pretrained(converted.path).eval()(**encoded).last_hidden_state[mask]
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
-    packed = pack_pretrained(tmp_path / "packed", cache_dir=source.parent if source.name == "all-MiniLM-L6-v2" else source)
+    cache_dir = source.parent if source.name == "all-MiniLM-L6-v2" else source
+    packed = pack_pretrained(tmp_path / "packed", cache_dir=cache_dir)
     verify_pretrained(packed)
     manifest = json.loads((packed / "hf_clusterformer_manifest.json").read_text())
     assert manifest["source_sha256"] == PRETRAINED_SOURCES["all-MiniLM-L6-v2"].weights_sha256
@@ -204,11 +206,15 @@ def test_new_cluster_count_restarts_centroids(tmp_path):
     first.cluster_routers()[1].fitted.fill_(True)
     first.save_pretrained(tmp_path / "fitted")
     BertTokenizerFast.from_pretrained(source).save_pretrained(tmp_path / "fitted")
-    again = ClusterFormerForQuestionAnswering.from_pretrained(convert_checkpoint(tmp_path / "fitted", tmp_path / "k2", num_clusters=2).path)
+    again = ClusterFormerForQuestionAnswering.from_pretrained(
+        convert_checkpoint(tmp_path / "fitted", tmp_path / "k2", num_clusters=2).path
+    )
     router = again.cluster_routers()[1]
     assert router.centroids.shape == (2, 32) and not bool(router.fitted)
     torch.testing.assert_close(router.centroids, router.initial_centroids())
-    kept = ClusterFormerForQuestionAnswering.from_pretrained(convert_checkpoint(tmp_path / "fitted", tmp_path / "same").path)
+    kept = ClusterFormerForQuestionAnswering.from_pretrained(
+        convert_checkpoint(tmp_path / "fitted", tmp_path / "same").path
+    )
     assert bool(kept.cluster_routers()[1].fitted)
 
 

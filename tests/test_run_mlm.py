@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "run_mlm.py"
 TINY = [
     "--hidden_size", "32", "--num_hidden_layers", "2", "--num_attention_heads", "2", "--intermediate_size", "64",
-    "--vocab_size", "400", "--window_size", "32", "--window_stride", "24", "--cluster_layers", "1", "--num_clusters", "8",
+    "--vocab_size", "400", "--window_size", "32", "--window_stride", "24", "--cluster_layers", "1",
+    "--num_clusters", "8",
     "--max_seq_length", "512", "--max_train_samples", "6", "--max_eval_samples", "2", "--initial_centroid_blocks", "2",
     "--max_steps", "4", "--per_device_train_batch_size", "2", "--centroid_update_steps", "2", "--memory_size", "2000",
     "--save_strategy", "no", "--report_to", "none", "--use_cpu", "--seed", "0", "--disable_tqdm", "true",

@@ -6,6 +6,7 @@ the loop reference."""
 
 import pytest
 import torch
+from helpers import pad_batch, random_example, sentence_tokenizer, tiny_config, tiny_roberta
 from transformers import RobertaForQuestionAnswering
 
 from hf_clusterformer import CentroidUpdater, ClusterFormerForQuestionAnswering
@@ -13,15 +14,15 @@ from hf_clusterformer.centroid_updates import CentroidUpdateSettings
 from hf_clusterformer.conversion import convert_checkpoint
 from hf_clusterformer.modeling_clusterformer import WindowClusterLayer, check_trained, untrained_weights
 
-from helpers import pad_batch, random_example, sentence_tokenizer, tiny_config, tiny_roberta
-
 WINDOW_CLUSTER = dict(num_hidden_layers=4, cluster_layers=[1, 3], global_layer_type="window_cluster", num_clusters=4)
 
 
 def _batch(seed: int = 0):
     """Three examples of different lengths (padding in the batch), contexts of several windows."""
     generator = torch.Generator().manual_seed(seed)
-    return pad_batch([random_example(generator, 5, 70), random_example(generator, 3, 31), random_example(generator, 8, 9)])
+    return pad_batch(
+        [random_example(generator, 5, 70), random_example(generator, 3, 31), random_example(generator, 8, 9)]
+    )
 
 
 def _pair(route_by: str = "states"):
@@ -91,7 +92,10 @@ def test_activation_checkpointing_gives_the_plain_gradients(reentrant):
     for name, grad in grads[0].items():
         assert (grad is None) == (grads[1][name] is None), name
         if grad is not None:
-            torch.testing.assert_close(grads[1][name], grad, atol=1e-6, rtol=1e-5, msg=lambda m: f"{name}: {m}")
+            # msg is called (if at all) within this iteration, so name is the current one.
+            torch.testing.assert_close(
+                grads[1][name], grad, atol=1e-6, rtol=1e-5, msg=lambda m: f"{name}: {m}"  # noqa: B023
+            )
 
 
 def test_an_example_alone_equals_it_in_a_padded_batch():

@@ -178,7 +178,9 @@ class GitStore:
                 capture_output=True,
                 timeout=_GIT_TIMEOUT,
             )
-            self._write_commit(path, "main", None, {".gitattributes": DEFAULT_GITATTRIBUTES.encode()}, "initial commit")
+            self._write_commit(
+                path, "main", None, {".gitattributes": DEFAULT_GITATTRIBUTES.encode()}, "initial commit"
+            )
             return True
 
     def delete(self, repo_type: str, repo_id: str) -> None:

@@ -54,7 +54,8 @@ def load_model_tester_mixin() -> tuple[type | None, str]:
     package.__path__ = [str(folder)]
     sys.modules[_PACKAGE] = package
     # Stand-ins for the sub-packages the sdist lacks: export and generation testers (not used by an encoder).
-    for name, attribute in (("exporters.test_export", "ExportTesterMixin"), ("generation.test_utils", "GenerationTesterMixin")):
+    stand_ins = (("exporters.test_export", "ExportTesterMixin"), ("generation.test_utils", "GenerationTesterMixin"))
+    for name, attribute in stand_ins:
         parent = f"{_PACKAGE}.{name.split('.')[0]}"
         if parent not in sys.modules:
             sys.modules[parent] = types.ModuleType(parent)
@@ -62,14 +63,19 @@ def load_model_tester_mixin() -> tuple[type | None, str]:
         module = types.ModuleType(f"{_PACKAGE}.{name}")
         setattr(module, attribute, type(attribute, (), {}))
         sys.modules[module.__name__] = module
-    spec = importlib.util.spec_from_file_location(f"{_PACKAGE}.test_modeling_common", folder / "test_modeling_common.py")
+    spec = importlib.util.spec_from_file_location(
+        f"{_PACKAGE}.test_modeling_common", folder / "test_modeling_common.py"
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     try:
         spec.loader.exec_module(module)
     except ImportError as error:
         del sys.modules[spec.name]
-        return None, f"{folder / 'test_modeling_common.py'} does not import with transformers {transformers.__version__}: {error}"
+        return None, (
+            f"{folder / 'test_modeling_common.py'} does not import with transformers "
+            f"{transformers.__version__}: {error}"
+        )
     return module.ModelTesterMixin, ""
 
 
@@ -81,8 +87,9 @@ def fetch() -> Path:
         return target
     version = transformers.__version__
     with tempfile.TemporaryDirectory() as folder:
-        subprocess.run([sys.executable, "-m", "pip", "download", f"transformers=={version}", "--no-deps", "--no-binary",
-                        ":all:", "--quiet", "--dest", folder], check=True)
+        command = [sys.executable, "-m", "pip", "download", f"transformers=={version}", "--no-deps", "--no-binary",
+                   ":all:", "--quiet", "--dest", folder]
+        subprocess.run(command, check=True)
         (archive,) = Path(folder).glob("transformers-*.tar.gz")
         with tarfile.open(archive) as sdist:
             source = sdist.extractfile(f"transformers-{version}/tests/test_modeling_common.py")

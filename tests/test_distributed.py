@@ -25,11 +25,15 @@ WORKER = Path(__file__).with_name("dist_worker.py")
 def ranks(tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("dist")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(WORKER), str(out)]
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(WORKER), str(out)
+    ]
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
     except subprocess.TimeoutExpired as error:
-        pytest.fail(f"torchrun workers did not finish in 240 s (a collective deadlock?):\n{error.stdout}\n{error.stderr}")
+        pytest.fail(
+            f"torchrun workers did not finish in 240 s (a collective deadlock?):\n{error.stdout}\n{error.stderr}"
+        )
     assert done.returncode == 0, f"torchrun failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
 

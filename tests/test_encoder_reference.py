@@ -1,4 +1,5 @@
-"""The whole QA model against the slow loop reference (tests/reference_encoder.py) over drawn configurations and inputs.
+"""The whole QA model against the slow loop reference (tests/reference_encoder.py) over drawn configurations and
+inputs.
 
 Drawn: window size and stride (no overlap, two-way and three-way overlaps), 1-4 layers of any types (window_cluster
 ones with their routed projection drawn away from its zero start), 1 to more clusters than tokens, ``route_by``
@@ -152,7 +153,8 @@ def cases(draw) -> Case:
 
 
 def issue_22_case() -> Case:
-    """Issue 22's crash: windows without overlap (l == m), a cluster layer then a sliding one, a padded batch of two."""
+    """Issue 22's crash: windows without overlap (l == m), a cluster layer then a sliding one, a padded batch of
+    two."""
     rng = random.Random(0)
     examples = [[0] + [rng.randrange(3, 300) for _ in range(5)] + [2, 2]
                 + [rng.randrange(3, 300) for _ in range(300 - 10 * i)] + [2] for i in range(2)]

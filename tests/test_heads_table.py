@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 import transformers
+from helpers import pad_batch, random_example, tiny_config
 
 import hf_clusterformer
 import hf_clusterformer_heads
@@ -20,8 +21,6 @@ from hf_clusterformer.modeling_clusterformer import (
     ClusterFormerForSequenceClassification,
 )
 from hf_clusterformer_cli import build_parser
-
-from helpers import pad_batch, random_example, tiny_config
 
 
 class ClusterFormerForRanking(ClusterFormerForSequenceClassification):
@@ -61,7 +60,9 @@ def ranking(monkeypatch):
     """The table with the new row, its model class where the library looks classes up and its Auto class in
     transformers."""
     monkeypatch.setattr(hf_clusterformer_heads, "HEADS", (*hf_clusterformer_heads.HEADS, RANKING))
-    monkeypatch.setattr(modeling_clusterformer, ClusterFormerForRanking.__name__, ClusterFormerForRanking, raising=False)
+    monkeypatch.setattr(
+        modeling_clusterformer, ClusterFormerForRanking.__name__, ClusterFormerForRanking, raising=False
+    )
     # on the module registration reads (sys.modules' now: an import of transformers.processing_utils replaces it)
     for module in {id(m): m for m in (transformers, sys.modules["transformers"])}.values():
         monkeypatch.setattr(module, AutoModelForRanking.__name__, AutoModelForRanking, raising=False)
@@ -77,7 +78,8 @@ def test_the_table_rows_are_distinct():
     assert heads[0].task == "question-answering"
     for head in heads:
         assert hasattr(modeling_clusterformer, head.class_name) and hasattr(transformers, head.auto_class)
-        assert hf_clusterformer_heads.find_head(head.key) is head and hf_clusterformer_heads.find_head(head.task) is head
+        find_head = hf_clusterformer_heads.find_head
+        assert find_head(head.key) is head and find_head(head.task) is head
 
 
 def test_a_new_row_is_registered_with_its_auto_class(ranking):

@@ -81,7 +81,9 @@ reference = torch.load(sys.argv[1] + "/reference.pt")
 model = RobertaForQuestionAnswering.from_pretrained("user/tiny").eval()
 with torch.no_grad():
     logits = model(input_ids=reference["input_ids"])
-logits_equal = torch.equal(logits.start_logits, reference["start"]) and torch.equal(logits.end_logits, reference["end"])
+logits_equal = (
+    torch.equal(logits.start_logits, reference["start"]) and torch.equal(logits.end_logits, reference["end"])
+)
 
 folder = snapshot_download("user/tiny")
 files = sorted(
@@ -169,7 +171,9 @@ def test_from_pretrained_snapshot_and_offline_cache(pushed: PushedRepo, tmp_path
     assert online["readme_has_card"] and not online["first_readme_has_card"]
 
     served = len(server.requests)
-    offline = _last_json(run_with_endpoint(PULL, server.url, home, {"HF_HUB_OFFLINE": "1"}, args=[str(pushed.workdir)]))
+    offline = _last_json(
+        run_with_endpoint(PULL, server.url, home, {"HF_HUB_OFFLINE": "1"}, args=[str(pushed.workdir)])
+    )
     assert offline["offline"] is True
     assert offline["logits_equal"]
     assert offline["snapshot"] == shas["updated"]

@@ -41,20 +41,21 @@ def wheel(tmp_path_factory) -> Path:
 
 def test_the_wheel_holds_the_library_and_nothing_of_the_research_package(wheel):
     names = zipfile.ZipFile(wheel).namelist()
-    assert {"hf_clusterformer/__init__.py", "hf_clusterformer/modeling_clusterformer.py", "hf_clusterformer/pipeline.py",
-            "hf_clusterformer/qa_training.py", "hf_clusterformer/data/multipassage.py",
+    assert {"hf_clusterformer/__init__.py", "hf_clusterformer/modeling_clusterformer.py",
+            "hf_clusterformer/pipeline.py", "hf_clusterformer/qa_training.py", "hf_clusterformer/data/multipassage.py",
             "hf_clusterformer/modelcard_template.md", "hf_clusterformer_cli.py"} <= set(names)
     tops = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
-    assert tops == {"hf_clusterformer", "hf_clusterformer_cli.py", "hf_clusterformer_cli_support.py", "hf_clusterformer_files.py",
-                    "hf_clusterformer_heads.py", "hf_clusterformer_model_folder.py", "hf_clusterformer_sources.py",
-                    "hf_clusterformer_writing.py"}
+    assert tops == {"hf_clusterformer", "hf_clusterformer_cli.py", "hf_clusterformer_cli_support.py",
+                    "hf_clusterformer_files.py", "hf_clusterformer_heads.py", "hf_clusterformer_model_folder.py",
+                    "hf_clusterformer_sources.py", "hf_clusterformer_writing.py"}
     assert [name for name in names if "/experiment/" in name or Path(name).name in RESEARCH_FILES] == []
     assert "longrange.py" in RESEARCH_FILES and "running.py" in RESEARCH_FILES  # the check above checks something
     with zipfile.ZipFile(wheel) as archive:
         for name in names:
             if name.endswith(".py"):
                 tree = ast.parse(archive.read(name).decode("utf-8"))
-                imported = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+                imported = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                            for alias in node.names]
                 imported += [node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
                 assert not [m for m in imported if m.split(".")[0] == "clusterformer_research"], name
 

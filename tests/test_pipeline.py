@@ -66,7 +66,8 @@ def _logits(model, tokenizer, question, context):
 
 
 def _span_logits(model, tokenizer, question, context, max_answer_len):
-    """Every valid span by enumeration: ({(char_start, char_end): start + end logit}, model output, context offsets)."""
+    """Every valid span by enumeration: ({(char_start, char_end): start + end logit}, model output, context
+    offsets)."""
     out, encoding = _logits(model, tokenizer, question, context)
     start, end = out.start_logits[0].double(), out.end_logits[0].double()
     offsets = encoding["offset_mapping"][0].tolist()
@@ -143,7 +144,8 @@ def test_batches_equal_single_calls(qa):
         batched = qa(examples, top_k=3, batch_size=batch_size)
         assert len(batched) == len(examples)
         for got, want in zip(batched, single):
-            assert [(a["start"], a["end"], a["answer"]) for a in got] == [(a["start"], a["end"], a["answer"]) for a in want]
+            spans = [(a["start"], a["end"], a["answer"]) for a in want]
+            assert [(a["start"], a["end"], a["answer"]) for a in got] == spans
             assert [a["score"] for a in got] == pytest.approx([a["score"] for a in want], rel=1e-4, abs=1e-7)
     # question/context lists, a single question broadcast over contexts
     assert qa(question=[e["question"] for e in examples], context=[e["context"] for e in examples], top_k=3) == single
@@ -207,7 +209,8 @@ def test_impossible_answer_from_the_answerability_head(tokenizer):
     examples = [{"question": QUESTION, "context": CONTEXT}, {"question": "Who?", "context": SENTENCES[1]}]
     single = [qa(e, handle_impossible_answer=True, top_k=2) for e in examples]
     batched = qa(examples, handle_impossible_answer=True, top_k=2, batch_size=2)
-    assert [[(a["start"], a["end"]) for a in b] for b in batched] == [[(a["start"], a["end"]) for a in b] for b in single]
+    single_spans = [[(a["start"], a["end"]) for a in b] for b in single]
+    assert [[(a["start"], a["end"]) for a in b] for b in batched] == single_spans
     assert [a["score"] for b in batched for a in b] == pytest.approx([a["score"] for b in single for a in b], rel=1e-4)
 
 
@@ -414,7 +417,8 @@ def test_the_model_finds_the_question_prefix_the_tokenizer_marks(qa, tokenizer):
 
     assert "question_lengths" not in qa.preprocess({"question": QUESTION, "context": CONTEXT})
     words = sorted({w.strip(".,?").lower() for w in " ".join(SENTENCES).split()})
-    bert = BertTokenizerFast(vocab={t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", ".", ",", "?", *words])})
+    vocab = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", ".", ",", "?", *words])}
+    bert = BertTokenizerFast(vocab=vocab)
     for encode in (tokenizer, bert):
         encoding = encode(QUESTION, CONTEXT, return_tensors="pt")
         sequence_ids = encoding.sequence_ids(0)

@@ -43,7 +43,9 @@ def test_readme_python_blocks_run(hub_server, tmp_path):
     minilm = _tiny_minilm_copy(tmp_path / "minilm", context)
 
     script = "import torch\ntorch.set_num_threads(1)\n" + "\n".join(blocks)
-    env = dict(client_env(hub_server.url, tmp_path / "hf-home"), OMP_NUM_THREADS="1", HF_CLUSTERFORMER_CACHE=str(minilm))
+    env = dict(
+        client_env(hub_server.url, tmp_path / "hf-home"), OMP_NUM_THREADS="1", HF_CLUSTERFORMER_CACHE=str(minilm)
+    )
     for run in range(2):  # a user runs the blocks again in the same folder: its second run works too
         result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
                                 timeout=600)
@@ -87,7 +89,8 @@ def test_readme_command_lines_name_real_options(capsys):
     text = README.read_text(encoding="utf-8")
     block = text[text.index("## Command line") :].split("```")[1]
     lines = [line.split("#")[0].split() for line in block.splitlines() if line.startswith("clusterformer ")]
-    assert {line[1] for line in lines} == {"train", "evaluate", "predict", "inspect", "convert", "push", "card", "export"}
+    commands = {"train", "evaluate", "predict", "inspect", "convert", "push", "card", "export"}
+    assert {line[1] for line in lines} == commands
     for line in lines:
         with pytest.raises(SystemExit) as exit_info:
             main([line[1], "--help"])

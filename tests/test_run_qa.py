@@ -16,8 +16,8 @@ from safetensors.torch import load_file
 from transformers import AutoModelForQuestionAnswering, AutoTokenizer, TrainingArguments
 
 import hf_clusterformer  # noqa: F401  (registers the Auto classes)
-from hf_clusterformer import qa_training
 from clusterformer_research.longrange import generate_longrange_dataset
+from hf_clusterformer import qa_training
 from hf_clusterformer.data import default_squad_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,7 +96,9 @@ def generated_files(tmp_path_factory) -> dict[str, Path]:
                    "--num_examples", count, "--out", str(folder / f"{split}.json"), *extra]
         result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
         assert result.returncode == 0, result.stderr[-3000:]
-    return {"train": folder / "train.json", "validation": folder / "validation.json", "tokenizer": folder / "tokenizer"}
+    return {
+        "train": folder / "train.json", "validation": folder / "validation.json", "tokenizer": folder / "tokenizer"
+    }
 
 
 @pytest.fixture(scope="module")
@@ -248,7 +250,9 @@ def test_answers_not_in_context_are_counted(tmp_path):
     path = _write_jsonl(tmp_path / "bad.jsonl", records)
     model, data, centroids, training = _tiny_args(tmp_path / "out", train_file=str(path))
     training.do_eval = False
-    with pytest.raises(ValueError, match=r"2 of 6 train examples have an answer text not found at its answer_start \(rows \[1, 4\]\)"):
+    with pytest.raises(
+        ValueError, match=r"2 of 6 train examples have an answer text not found at its answer_start \(rows \[1, 4\]\)"
+    ):
         qa_training.run(model, data, centroids, training)
 
 
@@ -259,12 +263,16 @@ def test_answer_offset_errors_count_the_whole_dataset(tmp_path):
     for row in (5, 2100):
         rows[row]["answers"]["answer_start"] = [0]
     path = _write_jsonl(tmp_path / "many.jsonl", rows)
-    with pytest.raises(ValueError, match=r"2 of 2500 validation examples .* \(rows \[5, 2100\]\); answer_start is the character offset"):
+    with pytest.raises(
+        ValueError,
+        match=r"2 of 2500 validation examples .* \(rows \[5, 2100\]\); answer_start is the character offset",
+    ):
         qa_training.load_raw_datasets(qa_training.DataArguments(validation_file=str(path), eval_samples=0))
     rows[5]["answers"]["answer_start"] = [len("Row 5 is in ")]
     rows[2100]["answers"]["answer_start"] = [len("Row 2100 is in ")]
     path = _write_jsonl(tmp_path / "fixed.jsonl", rows)
-    assert len(qa_training.load_raw_datasets(qa_training.DataArguments(validation_file=str(path), eval_samples=0))["validation"]) == 2500
+    raw = qa_training.load_raw_datasets(qa_training.DataArguments(validation_file=str(path), eval_samples=0))
+    assert len(raw["validation"]) == 2500
 
 
 def test_missing_and_unsupported_files(tmp_path):
@@ -323,7 +331,9 @@ def test_questions_longer_than_the_model_allows_fail_before_training(tmp_path):
                            cluster_layers=[1], num_clusters=4, window_size=32, window_stride=24, max_question_length=3)
     path = _write_jsonl(tmp_path / "train.jsonl", _records(8))
     data = DataArguments(train_file=str(path))
-    training = TrainingArguments(output_dir=str(tmp_path), do_train=True, max_steps=1, report_to="none", save_strategy="no")
+    training = TrainingArguments(
+        output_dir=str(tmp_path), do_train=True, max_steps=1, report_to="none", save_strategy="no"
+    )
     with pytest.raises(ValueError, match=r"8 of 8 training questions have more than max_question_length=3"):
         run(model, data, CentroidArguments(), training)
 

@@ -79,8 +79,8 @@ def test_single_texts_are_batch_and_padding_invariant(kinds):
 
 
 def test_input_format_rule():
-    """``auto`` reads ``<s> T </s>`` (and a row without separators) as one text and ``<s> Q </s></s> C </s>`` as a pair,
-    row by row; ``pair`` and ``single`` force one reading; QA keeps the pair contract."""
+    """``auto`` reads ``<s> T </s>`` (and a row without separators) as one text and ``<s> Q </s></s> C </s>`` as a
+    pair, row by row; ``pair`` and ``single`` force one reading; QA keeps the pair contract."""
     torch.manual_seed(0)
     model = ClusterFormerModel(tiny_config()).eval()
     generator = torch.Generator().manual_seed(5)
@@ -116,6 +116,9 @@ def test_bert_style_token_types_are_zero_for_a_single_text():
     pair_types = torch.zeros_like(pair)
     pair_types[:, 6:] = 1
     with torch.no_grad():
-        torch.testing.assert_close(ours(single).last_hidden_state, roberta(single).last_hidden_state, atol=1e-5, rtol=0)
-        torch.testing.assert_close(ours(pair).last_hidden_state, roberta(pair, token_type_ids=pair_types).last_hidden_state,
-                                   atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            ours(single).last_hidden_state, roberta(single).last_hidden_state, atol=1e-5, rtol=0
+        )
+        torch.testing.assert_close(
+            ours(pair).last_hidden_state, roberta(pair, token_type_ids=pair_types).last_hidden_state, atol=1e-5, rtol=0
+        )

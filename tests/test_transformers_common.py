@@ -50,9 +50,10 @@ NOT_APPLICABLE = {
     "test_attention_outputs": "attention weights come per window (or routed chunk) of the layer's own layout, "
                               "(windows, heads, slots, slots), not (batch, heads, length, length); "
                               "tests/test_model.py checks their shapes",
-    "test_retain_grad_hidden_states_attentions": "the encoder runs on windows: the token-aligned hidden states it returns "
-                                                 "are means over window copies made for the output, not tensors the next "
-                                                 "layer reads, so no gradient reaches them",
+    "test_retain_grad_hidden_states_attentions": (
+        "the encoder runs on windows: the token-aligned hidden states it returns are means over window copies made "
+        "for the output, not tensors the next layer reads, so no gradient reaches them"
+    ),
 }
 
 

@@ -50,7 +50,8 @@ def test_layout_matches_paper_windows(batch):
         for k in range(layout.num_windows):
             expected = []
             if k == 0 or (k - 1) * stride + size < context:
-                expected = list(range(prefix)) + [prefix + j for j in range(k * stride, min(k * stride + size, context))]
+                window = range(k * stride, min(k * stride + size, context))
+                expected = list(range(prefix)) + [prefix + j for j in window]
             got = layout.token_index[b, k][layout.valid[b, k]].tolist()
             assert got == expected
             # positions restart per window like a standalone RoBERTa input (padding_idx 1 -> first position 2)
@@ -90,7 +91,8 @@ def test_tokens_windows_round_trip_is_exact(batch, seed):
     layout = layout_for(*batch)
     length = max(totals)
     # integer-valued states: the mean of identical copies is then exact in floating point
-    tokens = torch.randint(-1000, 1000, (len(totals), length, 4), generator=torch.Generator().manual_seed(seed)).float()
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(-1000, 1000, (len(totals), length, 4), generator=generator).float()
     back = windows_to_tokens(tokens_to_windows(tokens, layout), layout, layout.valid, length)
     for b, total in enumerate(totals):
         assert torch.equal(back[b, :total], tokens[b, :total])

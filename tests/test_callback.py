@@ -20,7 +20,8 @@ def make_trainer(
     output_dir, callback: CentroidUpdateCallback, snapshots=None, cluster_layers=(2,), train_size=16, **arguments
 ) -> Trainer:
     torch.manual_seed(0)
-    model = ClusterFormerForQuestionAnswering(tiny_config(hidden_dropout_prob=0.1, cluster_layers=list(cluster_layers)))
+    config = tiny_config(hidden_dropout_prob=0.1, cluster_layers=list(cluster_layers))
+    model = ClusterFormerForQuestionAnswering(config)
     values = dict(
         output_dir=str(output_dir),
         per_device_train_batch_size=4,
@@ -36,7 +37,9 @@ def make_trainer(
     )
     values.update(arguments)
     callbacks = [callback] + ([snapshots] if snapshots is not None else [])
-    return Trainer(model=model, args=TrainingArguments(**values), train_dataset=TinyQA(train_size), callbacks=callbacks)
+    return Trainer(
+        model=model, args=TrainingArguments(**values), train_dataset=TinyQA(train_size), callbacks=callbacks
+    )
 
 
 def fit_steps(trainer: Trainer) -> list[int]:
@@ -80,8 +83,9 @@ def test_statistics_reach_reporters_placed_before_the_callback(tmp_path):
         callback, recorder = CentroidUpdateCallback(update_every_epochs=1, min_states=1), LogRecorder()
         torch.manual_seed(0)
         model = ClusterFormerForQuestionAnswering(tiny_config(cluster_layers=[2]))
-        args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, num_train_epochs=1, logging_steps=1000,
-                                 save_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True)
+        args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, num_train_epochs=1,
+                                 logging_steps=1000, save_strategy="no", report_to="none", use_cpu=True,
+                                 disable_tqdm=True)
         trainer = Trainer(model=model, args=args, train_dataset=TinyQA(16), callbacks=[recorder, callback])
         if move:
             assert callback.report_to_integrations(trainer) is callback
@@ -106,7 +110,9 @@ def test_default_schedule_fits_each_epoch_once_banked(tmp_path):
 @pytest.mark.parametrize("restore_callback_states", [False, True])
 def test_resume_continues_with_identical_centroids(tmp_path, restore_callback_states):
     def run(resume: bool):
-        callback = CentroidUpdateCallback(update_every_epochs=None, update_every_steps=3, min_states=1, save_memory_bank=True)
+        callback = CentroidUpdateCallback(
+            update_every_epochs=None, update_every_steps=3, min_states=1, save_memory_bank=True
+        )
         snapshots = CentroidSnapshots()
         trainer = make_trainer(
             tmp_path,
@@ -155,7 +161,8 @@ def test_resume_without_saved_banks_keeps_schedule_and_centroids(tmp_path):
         assert torch.equal(resumed_snapshots.by_step[step], full_snapshots.by_step[step])
     assert not torch.equal(resumed_snapshots.by_step[8], full_snapshots.by_step[7])
     # The bank restarted at step 5, so the fit at 7 saw fewer states than the uninterrupted run's.
-    assert resumed_callback.history[0]["clusters/layer2/num_states"] < full_callback.history[-1]["clusters/layer2/num_states"]
+    states = "clusters/layer2/num_states"
+    assert resumed_callback.history[0][states] < full_callback.history[-1][states]
 
 
 def test_callback_state_is_json_ready_and_validated():
@@ -186,8 +193,8 @@ def test_qa_trainer_puts_the_callback_ahead_of_reporters(tmp_path):
     callback, recorder = CentroidUpdateCallback(), LogRecorder()
     model = ClusterFormerForQuestionAnswering(tiny_config(cluster_layers=[2]))
     args = TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
-    trainer = make_qa_trainer(model, args, TinyQA(4), build_tokenizer(["Where does Anna live? Anna lives in Paris."] * 20, vocab_size=300),
-                               [recorder, callback])
+    tokenizer = build_tokenizer(["Where does Anna live? Anna lives in Paris."] * 20, vocab_size=300)
+    trainer = make_qa_trainer(model, args, TinyQA(4), tokenizer, [recorder, callback])
     assert trainer.callback_handler.callbacks[0] is callback and recorder in trainer.callback_handler.callbacks
 
 
@@ -205,7 +212,8 @@ def test_callback_updater_and_run_qa_flags_share_one_settings_object(tmp_path):
 
     _, _, centroid_args, _ = parse_args(["--output_dir", str(tmp_path), "--centroid_update_steps", "3",
                                          "--centroid_update_epochs", "2", "--centroid_backend", "torch"])
-    assert centroid_args.settings() == CentroidUpdateSettings(update_every_steps=3, update_every_epochs=2, backend="torch")
+    expected = CentroidUpdateSettings(update_every_steps=3, update_every_epochs=2, backend="torch")
+    assert centroid_args.settings() == expected
     assert CentroidArguments().settings() == CentroidUpdateSettings()
     with pytest.raises(ValueError, match="memory_size must be positive"):
         CentroidArguments(memory_size=0).settings()
@@ -220,7 +228,9 @@ def test_callback_updater_and_run_qa_flags_share_one_settings_object(tmp_path):
 def test_resume_at_any_checkpoint_reproduces_the_uninterrupted_run(tmp_path, save, checkpoint):
     # 5 steps per epoch, 4 epochs; refits at epoch ends and every 3 steps, logs every 5 steps (at epoch ends).
     def run(resume: bool):
-        callback = CentroidUpdateCallback(update_every_epochs=1, update_every_steps=3, min_states=1, save_memory_bank=True)
+        callback = CentroidUpdateCallback(
+            update_every_epochs=1, update_every_steps=3, min_states=1, save_memory_bank=True
+        )
         trainer = make_trainer(tmp_path, callback, train_size=20, num_train_epochs=4, logging_steps=5, **save)
         trainer.train(resume_from_checkpoint=str(tmp_path / f"checkpoint-{checkpoint}") if resume else None)
         return trainer, callback

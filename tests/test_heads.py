@@ -38,8 +38,8 @@ from hf_clusterformer import (
     ClusterFormerForSequenceClassification,
     ClusterFormerForTokenClassification,
 )
-from hf_clusterformer.data.tokenizer import build_tokenizer
 from hf_clusterformer.conversion import convert_checkpoint
+from hf_clusterformer.data.tokenizer import build_tokenizer
 
 #: (our head, RoBERTa's, the Auto class, BERT's) by `convert_checkpoint` task.
 HEADS = {
@@ -83,7 +83,8 @@ def test_heads_in_one_window_equal_robertas(task):
     config = tiny_config(cluster_layers=[], num_labels=3)
     torch.manual_seed(0)
     ours = ours_class(config).eval()
-    assert not isinstance(ours, roberta_class)  # its own head class, with RoBERTa's parameter names (loaded strictly below)
+    # its own head class, with RoBERTa's parameter names (loaded strictly below)
+    assert not isinstance(ours, roberta_class)
     roberta = roberta_class(roberta_twin(config)).eval()
     roberta.load_state_dict(ours.state_dict())
     inputs = head_inputs(task, torch.Generator().manual_seed(7))
@@ -117,8 +118,12 @@ def test_heads_load_roberta_checkpoints_one_to_one(task, tmp_path):
     roberta = roberta_class(roberta_twin(config)).eval()
     roberta.save_pretrained(tmp_path / "roberta")
     options = dict(window_size=16, window_stride=12, max_question_length=8, num_clusters=8)
-    model, info = ours_class.from_pretrained(tmp_path / "roberta", cluster_layers=[2], output_loading_info=True, **options)
-    assert set(info["missing_keys"]) == {"roberta.encoder.layer.2.router.centroids", "roberta.encoder.layer.2.router.fitted"}
+    model, info = ours_class.from_pretrained(
+        tmp_path / "roberta", cluster_layers=[2], output_loading_info=True, **options
+    )
+    assert set(info["missing_keys"]) == {
+        "roberta.encoder.layer.2.router.centroids", "roberta.encoder.layer.2.router.fitted"
+    }
     assert not info["unexpected_keys"] and not info["mismatched_keys"]
     same = ours_class.from_pretrained(tmp_path / "roberta", cluster_layers=[], **options).eval()
     inputs = head_inputs(task, torch.Generator().manual_seed(9))
@@ -187,8 +192,9 @@ class ForwardLengths:
 
     def __init__(self, model):
         self.lengths: list[int] = []
-        model.register_forward_pre_hook(lambda module, args, kwargs: self.lengths.append(kwargs["input_ids"].shape[-1]),
-                                        with_kwargs=True)
+        model.register_forward_pre_hook(
+            lambda module, args, kwargs: self.lengths.append(kwargs["input_ids"].shape[-1]), with_kwargs=True
+        )
 
 
 @pytest.mark.parametrize("task", ["fill-mask", "text-classification", "token-classification"])
@@ -237,7 +243,8 @@ for entry in json.loads(sys.argv[1]):
     model = getattr(transformers, entry["auto"]).from_pretrained(entry["folder"], trust_remote_code=True).eval()
     with torch.no_grad():
         logits = model(input_ids=ref["input_ids"], attention_mask=ref["attention_mask"]).logits
-    results[entry["auto"]] = [type(model).__module__, type(model).__name__, bool(torch.allclose(logits, ref["logits"], atol=1e-7, rtol=0))]
+    equal = bool(torch.allclose(logits, ref["logits"], atol=1e-7, rtol=0))
+    results[entry["auto"]] = [type(model).__module__, type(model).__name__, equal]
 results["plugin_modules"] = sorted(m for m in sys.modules if m.startswith("hf_clusterformer"))
 print(json.dumps(results))
 """
@@ -257,7 +264,9 @@ def test_saved_heads_load_without_the_package(tmp_path):
             logits = model(**inputs).logits
         save_file({**inputs, "logits": logits}, folder / "reference.safetensors")
         entries.append({"folder": str(folder), "auto": auto_class.__name__})
-    proc = run_with_endpoint(LOAD_HEADS, OFFLINE, tmp_path / "home", {"HF_HUB_OFFLINE": "1"}, args=[json.dumps(entries)])
+    proc = run_with_endpoint(
+        LOAD_HEADS, OFFLINE, tmp_path / "home", {"HF_HUB_OFFLINE": "1"}, args=[json.dumps(entries)]
+    )
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result.pop("plugin_modules") == []
     for task, (head, _, auto_class, _) in HEADS.items():

@@ -17,16 +17,16 @@ import pytest
 import torch
 from helpers import tiny_config, transformers_warnings
 from remote_code_helpers import HIDE_PACKAGE, OFFLINE, SENTENCES
-from support.hub_fixtures import TEST_TOKEN, run_with_endpoint
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
+from support.hub_fixtures import TEST_TOKEN, run_with_endpoint
 from transformers import AutoConfig, GPT2Config, RobertaConfig, RobertaForQuestionAnswering, RobertaModel
 
 import hf_clusterformer
 from hf_clusterformer import ClusterFormerForQuestionAnswering
 from hf_clusterformer.centroid_updates import CentroidUpdater
-from hf_clusterformer.data.tokenizer import build_tokenizer
 from hf_clusterformer.conversion import convert_checkpoint
+from hf_clusterformer.data.tokenizer import build_tokenizer
 from hf_clusterformer.hub import (
     CODE_FILES,
     check_hub_checkpoint,
@@ -109,7 +109,9 @@ def checkpoint(tmp_path_factory, tokenizer):
     """A tiny QA model with K-Means-fitted centroids and an answerability head, saved by `save_for_hub`, plus its
     reference logits, buffers and pipeline answers (in ``reference.*`` next to it)."""
     torch.manual_seed(0)
-    config = tiny_config(vocab_size=len(tokenizer), max_question_length=16, use_answerability_head=True, num_clusters=4)
+    config = tiny_config(
+        vocab_size=len(tokenizer), max_question_length=16, use_answerability_head=True, num_clusters=4
+    )
     model = ClusterFormerForQuestionAnswering(config)
     updater = CentroidUpdater(model, min_states=64, backend="torch")
     encoding = tokenizer(QUESTION, CONTEXT, return_tensors="pt")
@@ -143,7 +145,8 @@ def checkpoint(tmp_path_factory, tokenizer):
 
 def _load_without_package(model_source, pipeline_source, reference_dir, endpoint, hf_home, offline):
     extra = {"HF_HUB_OFFLINE": "1"} if offline else {}
-    proc = run_with_endpoint(LOAD, endpoint, hf_home, extra, args=[str(model_source), str(pipeline_source), str(reference_dir)])
+    args = [str(model_source), str(pipeline_source), str(reference_dir)]
+    proc = run_with_endpoint(LOAD, endpoint, hf_home, extra, args=args)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -163,7 +166,9 @@ def _check_loaded(result, model, answers, with_pipeline=True):
 def test_checkpoint_is_self_contained(checkpoint):
     path, _, model, _ = checkpoint
     files = sorted(p.name for p in path.iterdir() if not p.name.startswith("."))
-    expected = [*CODE_FILES, "README.md", "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+    expected = [
+        *CODE_FILES, "README.md", "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"
+    ]
     assert files == sorted(expected)
     assert [p.name for p in path.iterdir() if p.name.startswith(".")] == [".clusterformer-files.json"]  # never pushed
     assert check_hub_checkpoint(path) == []
@@ -177,7 +182,9 @@ def test_checkpoint_is_self_contained(checkpoint):
 
     config = json.loads((path / "config.json").read_text())
     assert config["auto_map"] == hub_auto_map()
-    assert config["custom_pipelines"]["question-answering"]["impl"] == "pipeline.ClusterFormerQuestionAnsweringPipeline"
+    assert (
+        config["custom_pipelines"]["question-answering"]["impl"] == "pipeline.ClusterFormerQuestionAnsweringPipeline"
+    )
     assert {k: config[k] for k in CONFIG_FIELDS} == {k: getattr(model.config, k) for k in CONFIG_FIELDS}
     assert not hasattr(model.config, "custom_pipelines")  # only the saved copy names the pipeline file
     tokenizer_config = json.loads((path / "tokenizer_config.json").read_text())
@@ -186,7 +193,8 @@ def test_checkpoint_is_self_contained(checkpoint):
     with safe_open(path / "model.safetensors", "pt") as weights:
         keys = set(weights.keys())
     for index in model.config.global_layers:
-        assert {f"roberta.encoder.layer.{index}.router.centroids", f"roberta.encoder.layer.{index}.router.fitted"} <= keys
+        router = f"roberta.encoder.layer.{index}.router"
+        assert {f"{router}.centroids", f"{router}.fitted"} <= keys
     saved = load_file(path / "model.safetensors")
     for key, value in model.state_dict().items():
         assert torch.equal(saved[key], value), key
@@ -203,9 +211,8 @@ def test_loads_from_a_directory_without_the_package(checkpoint, tmp_path):
 @pytest.mark.skipif(shutil.which("git") is None, reason="the git command line tool is not installed")
 def test_push_and_pull_through_the_hub_without_the_package(checkpoint, hub_server, tmp_path):
     path, root, model, answers = checkpoint
-    pushed = json.loads(
-        run_with_endpoint(PUSH, hub_server.url, tmp_path / "push-home", args=[str(path)]).stdout.strip().splitlines()[-1]
-    )
+    pushing = run_with_endpoint(PUSH, hub_server.url, tmp_path / "push-home", args=[str(path)])
+    pushed = json.loads(pushing.stdout.strip().splitlines()[-1])
     # model.push_to_hub + tokenizer.push_to_hub after prepare_for_hub: weights, config with auto_map, code, tokenizer
     assert {"config.json", "model.safetensors", "configuration_clusterformer.py", "modeling_clusterformer.py",
             "tokenizer.json", "tokenizer_config.json"} <= set(pushed["pushed"])
@@ -214,7 +221,9 @@ def test_push_and_pull_through_the_hub_without_the_package(checkpoint, hub_serve
     assert pushed["full_sha"] == pushed["commit"]
     assert not [f for f in pushed["pushed"] + pushed["full"] if f.endswith((".bin", ".pt", ".pth", ".pkl"))]
 
-    result = _load_without_package("user/cf-pushed", "user/cf-full", root, hub_server.url, tmp_path / "pull-home", offline=False)
+    result = _load_without_package(
+        "user/cf-pushed", "user/cf-full", root, hub_server.url, tmp_path / "pull-home", offline=False
+    )
     _check_loaded(result, model, answers)
 
 
@@ -273,9 +282,8 @@ def test_convert_sets_the_cluster_options_and_reports_new_heads(tmp_path, tokeni
     )
     assert converted.newly_initialized == ["qa_outputs.bias", "qa_outputs.weight"]
     config = AutoConfig.from_pretrained(converted.path)
-    assert (config.model_type, config.global_layers, config.num_clusters, config.window_size, config.window_stride) == (
-        "clusterformer", [1], 4, 32, 24,
-    )
+    layout = (config.model_type, config.global_layers, config.num_clusters, config.window_size, config.window_stride)
+    assert layout == ("clusterformer", [1], 4, 32, 24)
     model = ClusterFormerForQuestionAnswering.from_pretrained(converted.path)
     assert not bool(model.cluster_routers()[1].fitted)
     card = (converted.path / "README.md").read_text()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import tiny_config, tiny_roberta
 from huggingface_hub import metadata_load
 from remote_code_helpers import HIDE_PACKAGE
 from transformers import (
@@ -25,15 +26,12 @@ from transformers import (
     RobertaModel,
 )
 
-from hf_clusterformer import ClusterFormerModel
+from hf_clusterformer import ClusterFormerModel, modeling_clusterformer
 from hf_clusterformer.conversion import ConversionTaskError, convert_checkpoint
 from hf_clusterformer.data.tokenizer import build_tokenizer
 from hf_clusterformer.modelcard import default_widget, make_model_card
-from hf_clusterformer import modeling_clusterformer
 from hf_clusterformer_cli import build_parser, main
 from hf_clusterformer_heads import HEADS, find_head, head_tasks
-
-from helpers import tiny_config, tiny_roberta
 
 #: RoBERTa's class with each head, by pipeline task.
 ROBERTA_HEADS = {
@@ -98,7 +96,7 @@ def _config(path: Path) -> dict:
     return json.loads((path / "config.json").read_text(encoding="utf-8"))
 
 
-# -- convert --task -----------------------------------------------------------------------------------------------------
+# -- convert --task ---------------------------------------------------------------------------------------------------
 
 
 def test_task_names_are_pipeline_tasks_mapped_to_convert_checkpoint_keys():
@@ -106,7 +104,8 @@ def test_task_names_are_pipeline_tasks_mapped_to_convert_checkpoint_keys():
     convert = build_parser(model_options=True)._subparsers._group_actions[0].choices["convert"]
     (task,) = [action for action in convert._actions if action.dest == "task"]
     # the pipeline tasks first, then the keys that differ from them (qa, mlm, ...): either name, as in Python
-    assert task.choices == [*head_tasks(), *[h.key for h in HEADS if h.key not in head_tasks()]] and task.default is None
+    keys = [h.key for h in HEADS if h.key not in head_tasks()]
+    assert task.choices == [*head_tasks(), *keys] and task.default is None
 
 
 def test_convert_keeps_each_sources_head(converted, sources, capsys):
@@ -125,7 +124,8 @@ def test_convert_keeps_each_sources_head(converted, sources, capsys):
     again = converted["fill-mask"].parent / "cf-fill-mask-again"
     assert main(["convert", str(converted["fill-mask"]), str(again), "--num-clusters", "2"]) == 0
     assert capsys.readouterr().out.startswith(f"wrote {again}, a fill-mask model, from a clusterformer checkpoint")
-    assert _config(again)["architectures"] == ["ClusterFormerForMaskedLM"] and "untrained_weights" not in _config(again)
+    again_config = _config(again)
+    assert again_config["architectures"] == ["ClusterFormerForMaskedLM"] and "untrained_weights" not in again_config
     # and the library does the same
     kept = convert_checkpoint(converted["multiple-choice"], again.parent / "mc-again")
     assert kept.task == "multiple-choice" and not kept.newly_initialized
@@ -142,7 +142,8 @@ def test_a_head_the_source_lacks_is_refused_unless_allowed(converted, sources, w
            "lm_head.", "--allow-untrained")
     # a RoBERTa masked-LM checkpoint: question answering by default, and the message names the head it has
     _error(capsys, ["convert", str(sources["fill-mask"]), str(out), *SMALL],
-           "has no question-answering head", "its own head is masked-LM: --task fill-mask keeps it", "--allow-untrained")
+           "has no question-answering head", "its own head is masked-LM: --task fill-mask keeps it",
+           "--allow-untrained")
     # a Cluster-Former masked-LM folder asked for another head
     _error(capsys, ["convert", str(converted["fill-mask"]), str(out), "--task", "text-classification"],
            "has no sequence-classification head", "classifier.out_proj.weight", "--task fill-mask keeps it")
@@ -187,13 +188,14 @@ def test_messages_that_say_to_convert_name_the_flags_the_source_needs(sources, w
     (work / "context.txt").write_text("Zorvan lives in Tarsk.", encoding="utf-8")
     question = ["--question", "Where?", "--context-file", str(work / "context.txt")]
     _error(capsys, ["card", str(sources[None])], f"clusterformer convert {sources[None]} OUT --allow-untrained")
-    _error(capsys, ["card", str(sources["fill-mask"])], f"clusterformer convert {sources['fill-mask']} OUT --task fill-mask")
+    _error(capsys, ["card", str(sources["fill-mask"])],
+           f"clusterformer convert {sources['fill-mask']} OUT --task fill-mask")
     _error(capsys, ["push", str(sources["text-classification"]), "user/x"], "--task text-classification")
     _error(capsys, ["predict", str(sources["fill-mask"]), *question],
            f"clusterformer convert {sources['fill-mask']} OUT --allow-untrained`")
 
 
-# -- cards --------------------------------------------------------------------------------------------------------------
+# -- cards ------------------------------------------------------------------------------------------------------------
 
 
 def test_cards_carry_each_tasks_pipeline_tag_widget_and_snippets(converted, capsys):

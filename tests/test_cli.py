@@ -22,8 +22,8 @@ from transformers import AutoModelForQuestionAnswering, AutoTokenizer, RobertaCo
 import hf_clusterformer  # noqa: F401  (registers the Auto classes)
 from clusterformer_research.longrange import generate_longrange_dataset, write_squad_file
 from hf_clusterformer import ClusterFormerConfig, ClusterFormerForQuestionAnswering
-from hf_clusterformer_cli import main
 from hf_clusterformer.data import build_tokenizer
+from hf_clusterformer_cli import main
 
 SCRIPT = Path(sys.executable).with_name("clusterformer")
 QUESTION = "Where does Zorvan live?"
@@ -251,18 +251,19 @@ def test_convert_roberta_checkpoint(roberta_qa, workdir, capsys):
     assert code == 0
     out = capsys.readouterr().out
     # the QA head came along: nothing new
-    assert out.strip() == (f"wrote {target}, a question-answering model, from a roberta checkpoint (layers ['sliding', "
-                           "'cluster'], 4 clusters, windows 32/24)")
+    assert out.strip() == (f"wrote {target}, a question-answering model, from a roberta checkpoint "
+                           "(layers ['sliding', 'cluster'], 4 clusters, windows 32/24)")
 
     again = workdir / "again"  # a Cluster-Former source keeps its settings unless told otherwise
     assert main(["convert", str(target), str(again), "--num-clusters", "2"]) == 0
     assert capsys.readouterr().out.strip() == (
-        f"wrote {again}, a question-answering model, from a clusterformer checkpoint (layers ['sliding', 'cluster'], 2 "
-        "clusters, windows 32/24)"
+        f"wrote {again}, a question-answering model, from a clusterformer checkpoint "
+        "(layers ['sliding', 'cluster'], 2 clusters, windows 32/24)"
     )
 
     retyped = workdir / "retyped"  # layer kinds replace a Cluster-Former source's placement
-    assert main(["convert", str(target), str(retyped), "--layer-kinds", "sliding", "lsh", "--no-use-answerability-head"]) == 0
+    argv = ["convert", str(target), str(retyped), "--layer-kinds", "sliding", "lsh", "--no-use-answerability-head"]
+    assert main(argv) == 0
     assert "(layers ['sliding', 'lsh'], 4 clusters" in capsys.readouterr().out
 
     converted = AutoModelForQuestionAnswering.from_pretrained(target)
@@ -326,7 +327,8 @@ def test_convert_rejects_other_architectures(workdir, capsys):
     GPT2Config(n_embd=32, n_layer=1, n_head=2).save_pretrained(gpt2)
     assert main(["convert", str(gpt2), str(workdir / "out")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"clusterformer: error: could not convert {gpt2}: ") and "convertible types are roberta, bert" in err
+    assert err.startswith(f"clusterformer: error: could not convert {gpt2}: ")
+    assert "convertible types are roberta, bert" in err
     assert not (workdir / "out").exists()
 
 
@@ -335,8 +337,9 @@ def test_convert_refuses_a_qa_head_without_two_outputs(workdir, capsys):
     from transformers import RobertaConfig, RobertaForQuestionAnswering
 
     source = workdir / "qa3"
-    RobertaForQuestionAnswering(RobertaConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                              intermediate_size=32, num_labels=3)).save_pretrained(source)
+    config = RobertaConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                           intermediate_size=32, num_labels=3)
+    RobertaForQuestionAnswering(config).save_pretrained(source)
     capsys.readouterr()  # the saving's progress bar
     assert main(["convert", str(source), str(workdir / "out")]) == 2
     err = capsys.readouterr().err.strip()
@@ -353,7 +356,8 @@ def test_push_missing_checkpoint(workdir, capsys):
 
 
 def _main_error(capsys, argv: list[str], *fragments: str) -> str:
-    """Run ``main(argv)`` in this process: exit status 2 and one ``clusterformer: error:`` line holding ``fragments``."""
+    """Run ``main(argv)`` in this process: exit status 2 and one ``clusterformer: error:`` line holding
+    ``fragments``."""
     assert main(argv) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines and lines[-1].startswith("clusterformer: error: "), lines
@@ -439,8 +443,11 @@ def test_damaged_weights_name_the_file(model_dir, context, data_files, workdir, 
 
         shutil.copytree(model_dir, broken)
         weights = (broken / "model.safetensors").read_bytes()
-        (broken / "model.safetensors").write_bytes(weights[: len(weights) // 2] if damage == "truncated" else b"garbage" * 9)
-    _main_error(capsys, _predict(broken, context), str(broken / "model.safetensors"), "not a readable safetensors file")
+        damaged = weights[: len(weights) // 2] if damage == "truncated" else b"garbage" * 9
+        (broken / "model.safetensors").write_bytes(damaged)
+    _main_error(
+        capsys, _predict(broken, context), str(broken / "model.safetensors"), "not a readable safetensors file"
+    )
     _main_error(capsys, ["evaluate", "--model_name_or_path", str(broken), "--validation_file", str(data_files[1]),
                          "--eval_samples", "2",
                          "--output_dir", str(workdir / "eval-broken"), "--report_to", "none", "--use_cpu"],
@@ -589,7 +596,8 @@ def test_usage_errors_of_predict_inspect_push_and_export_start_without_torch(tmp
         (["inspect", str(folder), "--question", "q", "--context-file", str(context)], "has no config.json"),
         (["push", str(context), "user/name"], "is a file"),
         (["push", str(missing), "user/name"], f"checkpoint directory {missing} does not exist"),
-        (["push", "no-such-local-run-7f3a", "user/name"], "checkpoint directory no-such-local-run-7f3a does not exist"),
+        (["push", "no-such-local-run-7f3a", "user/name"],
+         "checkpoint directory no-such-local-run-7f3a does not exist"),
         (["push", str(folder), "user/name"], "has no config.json"),
         (["export", str(missing) + "/", str(tmp_path / "out.onnx")], "does not exist"),
     ]
@@ -618,17 +626,23 @@ def test_max_context_length_for_evaluate_and_from_scratch(trained):
     from hf_clusterformer.qa_training import DataArguments, ModelArguments, load_model
 
     tokenizer = AutoTokenizer.from_pretrained(trained)
-    loaded = load_model(ModelArguments(model_name_or_path=str(trained), max_context_length=50_000), DataArguments(), tokenizer)
+    loaded = load_model(
+        ModelArguments(model_name_or_path=str(trained), max_context_length=50_000), DataArguments(), tokenizer
+    )
     assert loaded.config.max_context_length == 50_000
     scratch = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, window_size=32,
                    window_stride=24, max_question_length=16, cluster_layers=[1], num_clusters=4)
-    assert load_model(ModelArguments(**scratch), DataArguments(max_seq_length=4096), tokenizer).config.max_context_length == 4096
-    assert load_model(ModelArguments(**scratch, max_context_length=70_000), DataArguments(), tokenizer).config.max_context_length == 70_000
+    from_length = load_model(ModelArguments(**scratch), DataArguments(max_seq_length=4096), tokenizer)
+    assert from_length.config.max_context_length == 4096
+    given = load_model(ModelArguments(**scratch, max_context_length=70_000), DataArguments(), tokenizer)
+    assert given.config.max_context_length == 70_000
 
 
 def test_convert_missing_source(workdir, capsys):
     assert main(["convert", str(workdir / "nothing"), str(workdir / "out")]) == 2
-    assert capsys.readouterr().err.strip() == f"clusterformer: error: source directory {workdir / 'nothing'} does not exist."
+    assert capsys.readouterr().err.strip() == (
+        f"clusterformer: error: source directory {workdir / 'nothing'} does not exist."
+    )
 
 
 def test_model_options_are_the_configs_fields_and_the_layer_kind_shortcuts(capsys):
@@ -646,7 +660,9 @@ def test_model_options_are_the_configs_fields_and_the_layer_kind_shortcuts(capsy
     assert set(options) - added <= set(LAYER_KIND_SHORTCUTS)
     defaults = {f.name: f.default for f in fields(ClusterFormerConfig)}
     assert all(options[name].default == defaults[name] for name in added)
-    assert all(options[name].help == f.metadata["help"] for f in fields(ClusterFormerConfig) if (name := f.name) in added)
+    assert all(
+        options[name].help == f.metadata["help"] for f in fields(ClusterFormerConfig) if (name := f.name) in added
+    )
     assert all(option.help and "``" not in option.help for option in options.values())
     with pytest.raises(SystemExit):
         main(["convert", "--help"])

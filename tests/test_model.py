@@ -79,7 +79,8 @@ def test_one_layer_overlap_takes_the_mean_of_covering_windows():
     prefix = 6
     with torch.no_grad():
         out = ours(ids).last_hidden_state[0]
-        runs = [roberta(torch.cat([ids[:, :prefix], ids[:, prefix + s : prefix + s + 16]], 1)).last_hidden_state[0] for s in (0, 12, 24)]
+        runs = [roberta(torch.cat([ids[:, :prefix], ids[:, prefix + s : prefix + s + 16]], 1)).last_hidden_state[0]
+                for s in (0, 12, 24)]
     torch.testing.assert_close(out[prefix + 5], runs[0][prefix + 5], atol=1e-5, rtol=0)  # window 0 only
     torch.testing.assert_close(out[prefix + 13], (runs[0][prefix + 13] + runs[1][prefix + 1]) / 2, atol=1e-5, rtol=0)
     torch.testing.assert_close(out[prefix + 30], runs[2][prefix + 6], atol=1e-5, rtol=0)
@@ -131,7 +132,8 @@ def test_gradients_reach_every_parameter_and_checkpointing_matches():
     config = tiny_config(**ALL_KINDS, use_answerability_head=True)
     generator = torch.Generator().manual_seed(6)
     ids, mask = pad_batch([random_example(generator, 4, 50), random_example(generator, 3, 20)])
-    labels = dict(start_positions=torch.tensor([10, 8]), end_positions=torch.tensor([12, 9]), answerable_labels=torch.tensor([1, 0]))
+    labels = dict(start_positions=torch.tensor([10, 8]), end_positions=torch.tensor([12, 9]),
+                  answerable_labels=torch.tensor([1, 0]))
     grads = []
     for checkpointing in (False, True):
         torch.manual_seed(0)
@@ -156,7 +158,8 @@ def test_answerability_head_and_outputs():
     generator = torch.Generator().manual_seed(7)
     ids, mask = pad_batch([random_example(generator, 4, 40), random_example(generator, 2, 10)])
     with torch.no_grad():
-        out = model(ids, attention_mask=mask, output_hidden_states=True, output_attentions=True, output_cluster_assignments=True)
+        out = model(ids, attention_mask=mask, output_hidden_states=True, output_attentions=True,
+                    output_cluster_assignments=True)
     assert out.start_logits.shape == out.end_logits.shape == ids.shape
     assert out.answerable_logits.shape == (2, 2)
     assert len(out.hidden_states) == config.num_hidden_layers + 1
@@ -259,18 +262,23 @@ def test_roberta_checkpoints_load_one_to_one(tmp_path):
         output_loading_info=True,
     )
     assert info["unexpected_keys"] == set() or not info["unexpected_keys"]
-    assert set(info["missing_keys"]) == {"roberta.encoder.layer.2.router.centroids", "roberta.encoder.layer.2.router.fitted"}
+    assert set(info["missing_keys"]) == {
+        "roberta.encoder.layer.2.router.centroids", "roberta.encoder.layer.2.router.fitted"
+    }
     assert torch.equal(model.qa_outputs.weight, roberta_qa.qa_outputs.weight)
     assert torch.equal(
-        model.roberta.encoder.layer[1].attention.self.query.weight, roberta_qa.roberta.encoder.layer[1].attention.self.query.weight
+        model.roberta.encoder.layer[1].attention.self.query.weight,
+        roberta_qa.roberta.encoder.layer[1].attention.self.query.weight,
     )
     # centroids of a RoBERTa checkpoint come from the seeded initialisation, not uninitialised memory
     torch.testing.assert_close(model.cluster_routers()[2].centroids.norm(dim=-1), torch.ones(8))
     assert not bool(model.cluster_routers()[2].fitted)
 
     RobertaModel(roberta_twin(config)).save_pretrained(tmp_path / "base")
-    base, info = ClusterFormerModel.from_pretrained(tmp_path / "base", cluster_layers=[2], num_clusters=8, window_size=16,
-                                                    window_stride=12, max_question_length=8, output_loading_info=True)
+    base, info = ClusterFormerModel.from_pretrained(
+        tmp_path / "base", cluster_layers=[2], num_clusters=8, window_size=16, window_stride=12, max_question_length=8,
+        output_loading_info=True,
+    )
     assert not info["unexpected_keys"]
     assert set(info["missing_keys"]) == {"encoder.layer.2.router.centroids", "encoder.layer.2.router.fitted"}
 
@@ -291,7 +299,9 @@ def test_auto_classes_round_trip_with_fitted_centroids(tmp_path):
     assert loaded.config.layer_kinds == ["sliding", "cluster", "lsh", "sparse", "window_cluster"]
     assert torch.equal(loaded.cluster_routers()[1].centroids, router.centroids)
     assert bool(loaded.cluster_routers()[1].fitted)
-    assert torch.equal(loaded.roberta.encoder.routers["2"].hash_vectors, model.roberta.encoder.routers["2"].hash_vectors)
+    assert torch.equal(
+        loaded.roberta.encoder.routers["2"].hash_vectors, model.roberta.encoder.routers["2"].hash_vectors
+    )
     assert torch.equal(loaded.roberta.encoder.layer[4].routed_output.weight, routed.weight)
     ids = torch.tensor([random_example(torch.Generator().manual_seed(9), 4, 80)])
     with torch.no_grad():
@@ -315,8 +325,15 @@ def test_centroid_shape_mismatch_on_load_is_a_clear_error(tmp_path):
         (lambda: dict(input_ids=torch.tensor([[0, 5, 6, 7, 8]])), "no separator"),
         (lambda: dict(input_ids=torch.tensor([pair_encoding(list(range(10, 20)), [5, 6])])), "max_question_length"),
         (lambda: dict(input_ids=torch.tensor([pair_encoding([5], [])])), "empty context"),
-        (lambda: dict(input_ids=torch.tensor([pair_encoding([5], [6])]), attention_mask=torch.ones(1, 3)), "attention_mask has shape"),
-        (lambda: dict(input_ids=torch.tensor([pair_encoding([5], [6, 7])]), attention_mask=torch.tensor([[1, 1, 1, 0, 1, 1, 1]])), "right-padded"),
+        (
+            lambda: dict(input_ids=torch.tensor([pair_encoding([5], [6])]), attention_mask=torch.ones(1, 3)),
+            "attention_mask has shape",
+        ),
+        (
+            lambda: dict(input_ids=torch.tensor([pair_encoding([5], [6, 7])]),
+                         attention_mask=torch.tensor([[1, 1, 1, 0, 1, 1, 1]])),
+            "right-padded",
+        ),
         (lambda: dict(input_ids=torch.tensor([pair_encoding([5], [6] * 5000)])), "max_context_length"),
     ],
     ids=["no-separator", "long-question", "empty-context", "mask-shape", "left-padding", "long-context"],
@@ -372,7 +389,8 @@ def test_windows_without_overlap_after_a_cluster_layer_run_a_batch_of_two():
     model = ClusterFormerForQuestionAnswering(config).eval()
     rng = random.Random(0)
     seqs = [
-        [0] + [rng.randrange(3, 300) for _ in range(5)] + [2, 2] + [rng.randrange(3, 300) for _ in range(300 - 10 * i)] + [2]
+        [0] + [rng.randrange(3, 300) for _ in range(5)] + [2, 2]
+        + [rng.randrange(3, 300) for _ in range(300 - 10 * i)] + [2]
         for i in range(2)
     ]
     ids = torch.full((2, 309), 1)

@@ -8,6 +8,7 @@ import re
 
 import pytest
 import torch
+from helpers import BOS, PAD, SEP, pad_batch, random_example, tiny_config
 from huggingface_hub.errors import StrictDataclassError
 from transformers import PretrainedConfig
 
@@ -20,8 +21,6 @@ from hf_clusterformer.modeling_clusterformer import (
     sort_into_chunks,
     unsort_from_chunks,
 )
-
-from helpers import BOS, PAD, SEP, pad_batch, random_example, tiny_config
 
 ALL_TYPES = dict(num_hidden_layers=4, cluster_layers=None, layer_types=["sliding", "cluster", "lsh", "sparse"])
 
@@ -158,7 +157,9 @@ def test_layer_kinds_is_the_one_stored_list_and_the_shortcuts_are_constructor_ar
     loaded = ClusterFormerForQuestionAnswering.from_pretrained(tmp_path)
     assert loaded.config.layer_kinds == ["sliding", "cluster", "lsh", "sparse"]
     # from_pretrained overrides go through the shortcuts; what they leave out keeps its stored value
-    overridden = ClusterFormerForQuestionAnswering.from_pretrained(tmp_path, global_layer_type=["lsh", "lsh"], cluster_layers=[1, 3])
+    overridden = ClusterFormerForQuestionAnswering.from_pretrained(
+        tmp_path, global_layer_type=["lsh", "lsh"], cluster_layers=[1, 3]
+    )
     assert overridden.config.layer_kinds == ["sliding", "lsh", "sliding", "lsh"]
     assert sorted(overridden.roberta.encoder.routers) == ["1", "3"]
     assert ClusterFormerConfig.from_pretrained(tmp_path, cluster_layers=[]).layer_kinds == ["sliding"] * 4
@@ -177,10 +178,13 @@ def test_every_override_spelling_of_the_kinds_applies_over_the_stored_ones(tmp_p
     tiny_config(**ALL_TYPES).save_pretrained(tmp_path)
     load = ClusterFormerConfig.from_pretrained
     assert load(tmp_path, layer_kinds=["sliding"] * 4).layer_kinds == ["sliding"] * 4
-    assert load(tmp_path, layer_types=["sliding", "lsh", "sliding", "lsh"]).layer_kinds == ["sliding", "lsh", "sliding", "lsh"]
-    assert load(tmp_path, cluster_layers=[1, 2]).layer_kinds == ["sliding", "cluster", "cluster", "sliding"]  # new places
+    alternating = ["sliding", "lsh", "sliding", "lsh"]
+    assert load(tmp_path, layer_types=alternating).layer_kinds == alternating
+    # new places
+    assert load(tmp_path, cluster_layers=[1, 2]).layer_kinds == ["sliding", "cluster", "cluster", "sliding"]
     assert load(tmp_path, num_hidden_layers=2).layer_kinds == ["sliding", "cluster"]
-    assert load(tmp_path, num_hidden_layers=6, global_layer_type="sparse").layer_kinds == ["sliding", *["sparse"] * 3, "sliding", "sliding"]
+    six = load(tmp_path, num_hidden_layers=6, global_layer_type="sparse")
+    assert six.layer_kinds == ["sliding", *["sparse"] * 3, "sliding", "sliding"]
     with pytest.raises(ValueError, match=r"^cluster_layers holds 9, outside the 4 encoder layers \(0\.\.3\)\.$"):
         load(tmp_path, cluster_layers=[9])
     with pytest.raises(ValueError, match="^layer_kinds lists 2 kinds for 4 encoder layers; give one per layer.$"):
@@ -193,7 +197,9 @@ def test_a_value_out_of_range_is_one_line_naming_the_field_when_given_or_set():
     cases = {"window_size": 0, "num_clusters": -1, "max_question_length": 0, "hidden_size": 0, "num_hidden_layers": 0,
              "max_context_length": 1 << 30, "hidden_act": "bogus"}
     for name, value in cases.items():
-        for attempt in (lambda: ClusterFormerConfig(**{name: value}), lambda: setattr(tiny_config(), name, value)):
+        # Both lambdas run within this iteration, so the loop variables they read are the current ones.
+        attempts = (lambda: ClusterFormerConfig(**{name: value}), lambda: setattr(tiny_config(), name, value))  # noqa: B023
+        for attempt in attempts:
             with pytest.raises(ValueError) as raised:
                 attempt()
             message = str(raised.value)
@@ -235,18 +241,21 @@ def test_a_file_refused_by_a_class_validator_or_of_another_model_type_is_one_lin
 
 @pytest.mark.parametrize("layout", ["shortcuts", "layer_types", "layer_kinds"])
 def test_a_config_json_of_every_layout_loads_the_same_layer_kinds(layout, tmp_path):
-    """config.json as each earlier layout stored the kinds (``cluster_layers`` + ``global_layer_type``; ``layer_types``;
-    ``layer_kinds``) loads into one ``layer_kinds``, through from_pretrained and AutoConfig, and saves in today's."""
+    """config.json as each earlier layout stored the kinds (``cluster_layers`` + ``global_layer_type``;
+    ``layer_types``; ``layer_kinds``) loads into one ``layer_kinds``, through from_pretrained and AutoConfig, and
+    saves in today's."""
     from transformers import AutoConfig
 
     kinds = ["sliding", "cluster", "lsh", "sparse"]
-    stored = {"shortcuts": {"cluster_layers": [1, 2, 3], "global_layer_type": kinds[1:]}, "layer_types": {"layer_types": kinds},
-              "layer_kinds": {"layer_kinds": kinds}}[layout]
+    stored = {"shortcuts": {"cluster_layers": [1, 2, 3], "global_layer_type": kinds[1:]},
+              "layer_types": {"layer_types": kinds}, "layer_kinds": {"layer_kinds": kinds}}[layout]
     saved = {key: value for key, value in tiny_config(num_hidden_layers=4).to_dict().items() if key != "layer_kinds"}
     (tmp_path / "config.json").write_text(json.dumps({**saved, **stored}))
     for config in (ClusterFormerConfig.from_pretrained(tmp_path), AutoConfig.from_pretrained(tmp_path)):
-        assert config.layer_kinds == kinds and not {"cluster_layers", "global_layer_type", "layer_types"} & set(vars(config))
-    assert ClusterFormerConfig.from_pretrained(tmp_path, global_layer_type="sparse").layer_kinds == ["sliding", *["sparse"] * 3]
+        shortcuts = {"cluster_layers", "global_layer_type", "layer_types"}
+        assert config.layer_kinds == kinds and not shortcuts & set(vars(config))
+    sparse = ClusterFormerConfig.from_pretrained(tmp_path, global_layer_type="sparse")
+    assert sparse.layer_kinds == ["sliding", *["sparse"] * 3]
     assert ClusterFormerConfig.from_pretrained(tmp_path, num_hidden_layers=3).layer_kinds == kinds[:3]
     config.save_pretrained(tmp_path / "again")
     assert json.loads((tmp_path / "again" / "config.json").read_text())["layer_kinds"] == kinds
@@ -289,8 +298,11 @@ def test_folders_saved_before_layer_kinds_load_with_the_same_outputs(tmp_path):
 
     loaded = ClusterFormerForQuestionAnswering.from_pretrained(tmp_path).eval()
     assert loaded.config.layer_kinds == kinds
-    assert torch.equal(loaded.cluster_routers()[1].centroids, router.centroids) and bool(loaded.cluster_routers()[1].fitted)
-    assert torch.equal(loaded.roberta.encoder.routers["2"].hash_vectors, model.roberta.encoder.routers["2"].hash_vectors)
+    loaded_router = loaded.cluster_routers()[1]
+    assert torch.equal(loaded_router.centroids, router.centroids) and bool(loaded_router.fitted)
+    assert torch.equal(
+        loaded.roberta.encoder.routers["2"].hash_vectors, model.roberta.encoder.routers["2"].hash_vectors
+    )
     ids = torch.tensor([random_example(torch.Generator().manual_seed(3), 4, 90)])
     with torch.no_grad():
         assert torch.equal(loaded(ids).start_logits, model(ids).start_logits)
@@ -361,7 +373,8 @@ def test_a_bert_checkpoint_given_to_from_pretrained_names_the_loader_that_maps_i
                          intermediate_size=32, max_position_embeddings=64)).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match=r"BERT-family checkpoint.*load_qa_model or convert_checkpoint"):
         ClusterFormerForQuestionAnswering.from_pretrained(tmp_path)
-    assert load_qa_model(tmp_path, window_size=16, window_stride=12, max_question_length=8).config.model_type == "clusterformer"
+    loaded = load_qa_model(tmp_path, window_size=16, window_stride=12, max_question_length=8)
+    assert loaded.config.model_type == "clusterformer"
 
 
 def test_input_ids_that_are_not_token_ids_get_one_line_naming_them():
@@ -386,8 +399,10 @@ def test_a_num_clusters_override_that_does_not_fit_the_saved_centroids_is_one_li
         ClusterFormerForQuestionAnswering.from_pretrained(tmp_path, num_clusters=4)
     model = ClusterFormerForQuestionAnswering.from_pretrained(tmp_path, num_clusters=4, ignore_mismatched_sizes=True)
     assert model.cluster_routers()[2].centroids.shape[0] == 4 and not bool(model.cluster_routers()[2].fitted)
-    assert ClusterFormerForQuestionAnswering.from_pretrained(tmp_path, num_clusters=4, cluster_layers=[]).config.num_clusters == 4
+    unrouted = ClusterFormerForQuestionAnswering.from_pretrained(tmp_path, num_clusters=4, cluster_layers=[])
+    assert unrouted.config.num_clusters == 4
     # a checkpoint without routed layers has no router tensors: a cluster layer added on loading takes any size
-    ClusterFormerForQuestionAnswering(tiny_config(cluster_layers=[], num_clusters=8)).save_pretrained(tmp_path / "plain")
+    plain = ClusterFormerForQuestionAnswering(tiny_config(cluster_layers=[], num_clusters=8))
+    plain.save_pretrained(tmp_path / "plain")
     added = ClusterFormerForQuestionAnswering.from_pretrained(tmp_path / "plain", num_clusters=4, cluster_layers=[1])
     assert added.cluster_routers()[1].centroids.shape[0] == 4

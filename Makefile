@@ -20,14 +20,15 @@ $(STAMP): setup.cfg constraints.txt pyproject.toml research/pyproject.toml
 demo: install
 	$(PY) examples/demo.py --output_dir outputs --overwrite
 
-# Two test processes (pytest-xdist), each file's tests in one of them (module fixtures are built once), the longest
-# files first (tests/conftest.py); TEST_WORKERS=0 runs them in this process. A test that runs past TEST_TIMEOUT seconds fails with its stack (never a silent hang); the
-# 15 slowest tests are listed at the end.
+# The library's tests (tests/) and the research package's (research/tests/), in two test processes (pytest-xdist),
+# each file's tests in one of them (module fixtures are built once), the longest files first (tests/support/session.py);
+# TEST_WORKERS=0 runs them in this process. A test that runs past TEST_TIMEOUT seconds fails with its stack (never a
+# silent hang); the 15 slowest tests are listed at the end.
 TEST_WORKERS ?= 2
 TEST_TIMEOUT ?= 900
 
 test: install common-tests lint
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --timeout $(TEST_TIMEOUT) --durations=15 tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --timeout $(TEST_TIMEOUT) --durations=15 tests research/tests
 
 # The linter (ruff; its rules in pyproject.toml), run by `make test` before the tests.
 lint: install

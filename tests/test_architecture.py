@@ -172,7 +172,8 @@ def test_no_test_file_imports_another():
     each test file runs alone, and the builders that tests share live in the helper modules."""
     scanned, offenders = 0, []
     for folder in TEST_FOLDERS:
-        for path in sorted(folder.rglob("*.py")) if folder.is_dir() else []:
+        assert folder.is_dir(), folder
+        for path in sorted(folder.rglob("*.py")):
             scanned += 1
             imported = _test_module_imports(path.read_text(encoding="utf-8"))
             offenders += [f"{path.relative_to(ROOT)} imports {name}" for name in imported]

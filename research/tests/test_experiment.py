@@ -12,7 +12,7 @@ import pytest
 
 from clusterformer_research.experiment import compare, make_preset
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_smoke_recipe_trains_every_variant_and_writes_its_report(tmp_path):

@@ -8,11 +8,11 @@ import importlib
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import grimp
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = ROOT / "pyproject.toml"
@@ -125,13 +125,15 @@ def test_the_command_sits_on_top():
     contract checks the last)."""
     assert _project_imports(SRC / "hf_clusterformer_cli_support.py") == {"hf_clusterformer_heads"}
     assert _imports(SRC / "hf_clusterformer_heads.py") <= set(sys.stdlib_module_names) | {"__future__"}
-    assert _project_imports(SRC / "hf_clusterformer_cli.py") >= {"hf_clusterformer_cli_support", "hf_clusterformer.conversion"}
+    assert _project_imports(SRC / "hf_clusterformer_cli.py") >= {"hf_clusterformer_cli_support",
+                                                                 "hf_clusterformer.conversion"}
 
 
 def test_ground_floor_top_level_modules_import_the_standard_library_only():
     """Every top-level module but the command is on the ground floor and imports only the standard library and the
     ground-floor modules `GROUND_TOP_LEVEL` allows it."""
-    assert {path.stem for path in SRC.glob("hf_clusterformer_*.py")} - {"hf_clusterformer_cli"} == set(GROUND_TOP_LEVEL)
+    top_level = {path.stem for path in SRC.glob("hf_clusterformer_*.py")}
+    assert top_level - {"hf_clusterformer_cli"} == set(GROUND_TOP_LEVEL)
     for name, allowed in GROUND_TOP_LEVEL.items():
         assert _imports(SRC / f"{name}.py") <= set(sys.stdlib_module_names) | {"__future__"} | allowed, name
 
@@ -182,7 +184,8 @@ def test_no_test_file_imports_another():
 
 def test_the_test_import_scan_finds_one():
     source = ("import helpers\nfrom test_export import CONFIG\nimport tests.test_cli\nfrom . import test_heads\n"
-              "from tests import test_tasks\nfrom helpers import test_like_name\ndef f():\n    import test_remote_code\n")
+              "from tests import test_tasks\nfrom helpers import test_like_name\n"
+              "def f():\n    import test_remote_code\n")
     found = _test_module_imports(source)
     assert sorted(found) == ["test_export", "test_heads", "test_remote_code", "test_tasks", "tests.test_cli"]
 
@@ -286,7 +289,8 @@ def test_the_package_shows_what_users_call_and_hides_no_module():
         module = importlib.import_module(f"hf_clusterformer.{found.name}")
         assert getattr(hf_clusterformer, found.name) is module, found.name
     shown = {name for name in dir(hf_clusterformer) if not name.startswith("__")}
-    modules = {name for name in shown if sys.modules.get(f"hf_clusterformer.{name}") is getattr(hf_clusterformer, name)}
+    modules = {name for name in shown
+               if sys.modules.get(f"hf_clusterformer.{name}") is getattr(hf_clusterformer, name)}
     assert shown - modules == set(hf_clusterformer.__all__) - modules and set(hf_clusterformer.__all__) <= shown
     assert not {"AutoConfig", "AutoModel", "importlib", "hf_clusterformer_heads", "_LAZY"} & set(dir(hf_clusterformer))
     for name, value in vars(hf_clusterformer).items():  # the namespace itself: no name imported for internal use

@@ -1,4 +1,5 @@
-"""The fine-tuning comparison (`clusterformer_research.experiment`) and the GPU machine's one command, at tiny sizes."""
+"""The fine-tuning comparison (`clusterformer_research.experiment`) and the GPU machine's one command, at tiny
+sizes."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ def test_smoke_recipe_trains_every_variant_and_writes_its_report(tmp_path):
     assert set(runs) == {"clusterformer", "sliding", "lsh", "sparse"}
     for run in runs.values():
         assert set(run["scores"]) == {"twin", "longrange", "local"}
-        assert all(0 <= score["exact_match"] <= 100 and score["n"] == preset.eval_samples for score in run["scores"].values())
+        assert all(0 <= score["exact_match"] <= 100 and score["n"] == preset.eval_samples
+                   for score in run["scores"].values())
         assert [entry["step"] for entry in run["log"] if entry["stage"] == "far"][-1] == preset.stages[-1].steps
     assert 0 <= runs["clusterformer"]["scores"]["twin"]["twin_shared_chunk"] <= 100
     for run in runs.values():  # a learning curve every curve_every steps and at the end: near EM, then far EM too

@@ -233,7 +233,8 @@ def test_word_names_are_one_token_each():
     from clusterformer_research.longrange import WORD_PERSON_NAMES, WORD_PLACE_NAMES
 
     assert len(set(WORD_PERSON_NAMES)) == len(WORD_PERSON_NAMES) >= 40
-    assert len(set(WORD_PLACE_NAMES)) == len(WORD_PLACE_NAMES) >= 40 and not set(WORD_PERSON_NAMES) & set(WORD_PLACE_NAMES)
+    assert len(set(WORD_PLACE_NAMES)) == len(WORD_PLACE_NAMES) >= 40
+    assert not set(WORD_PERSON_NAMES) & set(WORD_PLACE_NAMES)
     vocab_file = Path.home() / ".cache" / "hf_clusterformer" / "all-MiniLM-L6-v2" / "vocab.txt"
     if vocab_file.is_file():  # the pretrained vocabulary, when cached: every name is one WordPiece token
         vocab = set(vocab_file.read_text().split())
@@ -262,7 +263,8 @@ def test_twin_places_come_from_the_first_num_places_names_of_the_pool():
 
     records = generate_longrange_dataset(60, 0, (40, 50), "twin", min_gap_tokens=0, num_facts=5, names="words",
                                          placement="balanced", target="later", num_places=6)
-    named = {word.rstrip(".") for r in records for word in r["context"].split() if word.rstrip(".") in WORD_PLACE_NAMES}
+    named = {word.rstrip(".") for r in records for word in r["context"].split()
+             if word.rstrip(".") in WORD_PLACE_NAMES}
     assert named <= set(WORD_PLACE_NAMES[:6]) and len(named) == 6
     with pytest.raises(ValueError, match="num_places"):
         generate_longrange_dataset(1, 0, (40, 50), "twin", min_gap_tokens=0, num_facts=5, num_places=3)
@@ -320,9 +322,9 @@ def test_the_command_writes_a_split_and_the_tokenizer(tmp_path, capsys):
 
 def test_the_command_runs_as_a_module(tmp_path):
     out = tmp_path / "train.jsonl"
-    done = subprocess.run([sys.executable, "-m", "clusterformer_research.longrange", "--kind", "twin", "--num_examples",
-                           "2", "--context_tokens", "60", "80", "--min_gap_tokens", "10", "--num_facts", "5", "--out",
-                           str(out)], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-m", "clusterformer_research.longrange", "--kind", "twin",
+                           "--num_examples", "2", "--context_tokens", "60", "80", "--min_gap_tokens", "10",
+                           "--num_facts", "5", "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
     assert len(rows) == 2 and all(len(row["answers"]["answer_start"]) == 2 for row in rows)

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import PAD, random_example, tiny_config
 
 from clusterformer_research.training import CHECKPOINT_NAME, Gate, TrainStage, learning_rate_factor, train_stages
 from hf_clusterformer import CentroidUpdater, ClusterFormerForQuestionAnswering
 from hf_clusterformer.centroid_updates import CentroidUpdateSettings
-from helpers import PAD, random_example, tiny_config
 
 
 def features(count: int, context: int, seed: int) -> list[dict]:
@@ -25,7 +25,8 @@ def features(count: int, context: int, seed: int) -> list[dict]:
 def build(seed: int = 0):
     torch.manual_seed(seed)
     model = ClusterFormerForQuestionAnswering(tiny_config(hidden_dropout_prob=0.1)).train()
-    settings = CentroidUpdateSettings.build(update_every_steps=3, memory_size=500, min_states=16, backend="torch", seed=seed)
+    settings = CentroidUpdateSettings.build(update_every_steps=3, memory_size=500, min_states=16, backend="torch",
+                                            seed=seed)
     return model, CentroidUpdater(model, settings)
 
 

@@ -31,7 +31,8 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_configure(config):
     """The marks of transformers' common model tests (tests/test_transformers_common.py runs them)."""
-    marks = ("accelerate_tests", "flash_attn_test", "flash_attn_3_test", "flash_attn_4_test", "slow", "torch_compile_test")
+    marks = ("accelerate_tests", "flash_attn_test", "flash_attn_3_test", "flash_attn_4_test", "slow",
+             "torch_compile_test")
     for mark in marks:
         config.addinivalue_line("markers", f"{mark}: a mark of transformers' common model tests")
 

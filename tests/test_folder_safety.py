@@ -17,7 +17,15 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import (
-    CHILD_ENV, CONTEXT, QUESTION, SENTENCES, SMALL, sentence_tokenizer, squad_jsonl, tiny_config, tiny_roberta,
+    CHILD_ENV,
+    CONTEXT,
+    QUESTION,
+    SENTENCES,
+    SMALL,
+    sentence_tokenizer,
+    squad_jsonl,
+    tiny_config,
+    tiny_roberta,
 )
 from safetensors.torch import load_file, save_file
 from transformers import RobertaConfig, RobertaForQuestionAnswering
@@ -68,7 +76,7 @@ def _one_line(capsys, argv: list[str], *fragments: str, status: int = 2) -> str:
     return lines[0]
 
 
-# -- 1. write into the folder as it is ---------------------------------------------------------------------------------
+# -- 1. write into the folder as it is --------------------------------------------------------------------------------
 
 
 def test_convert_into_a_symlinked_folder_writes_into_its_target(work, roberta, capsys):
@@ -165,7 +173,7 @@ def test_a_killed_write_is_cleaned_up_by_the_next_one_and_said(tmp_path, capsys)
     assert ".clusterformer-write-abc" in capsys.readouterr().err
 
 
-# -- 2. only the library's own files are replaced ------------------------------------------------------------------------
+# -- 2. only the library's own files are replaced ---------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", ["pipeline.py", "tokenizer_config.json", "modeling_clusterformer.py"])
@@ -315,7 +323,7 @@ def test_evaluate_reads_to_the_models_limit_and_says_when_it_cuts(work, roberta,
         in caplog.text
 
 
-# -- 6. centroids ------------------------------------------------------------------------------------------------------
+# -- 6. centroids -----------------------------------------------------------------------------------------------------
 
 
 def test_dropped_and_never_fitted_centroids_are_said(work, roberta, tokenizer, caplog, tmp_path):
@@ -342,7 +350,7 @@ def test_dropped_and_never_fitted_centroids_are_said(work, roberta, tokenizer, c
     assert "cluster layers [1]" in caplog.text and "never fitted" in caplog.text
 
 
-# -- 7. one line naming the input and the fix --------------------------------------------------------------------------
+# -- 7. one line naming the input and the fix -------------------------------------------------------------------------
 
 
 def test_damaged_inputs_and_unclear_cases_are_one_line(work, roberta, capsys, tmp_path):
@@ -382,10 +390,11 @@ def test_ctrl_c_of_a_training_run_is_one_line_and_keeps_its_checkpoints(work, tm
     log = tmp_path / "train.err"  # a file, not a pipe: a full pipe would stall the run, and reading it never end
     with open(log, "w", encoding="utf-8") as err:
         process = subprocess.Popen(
-            [sys.executable, "-m", "hf_clusterformer_cli", "train", "--train_file", str(data), "--output_dir", str(out),
-             "--overwrite", "--max_steps", "100000", "--save_steps", "1", "--save_total_limit", "2", *args],
+            [sys.executable, "-m", "hf_clusterformer_cli", "train", "--train_file", str(data), "--output_dir",
+             str(out), "--overwrite", "--max_steps", "100000", "--save_steps", "1", "--save_total_limit", "2", *args],
             stdout=subprocess.DEVNULL, stderr=err, text=True, env=CHILD_ENV, stdin=subprocess.DEVNULL,
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # a test worker's ignored SIGINT is inherited
+            # a test worker's ignored SIGINT is inherited
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.time() + 240
         # any saved checkpoint past the first (checkpoint-2 is rotated away once checkpoint-4 is saved)
@@ -431,7 +440,7 @@ def test_ctrl_c_after_the_command_said_wrote_ends_it_with_status_0(work, roberta
     ClusterFormerForQuestionAnswering.from_pretrained(out)
 
 
-# -- 8. pipelines of every head: the model's limit, never a silent cut, the folder's own head, finite weights -------------
+# -- 8. pipelines of every head: the model's limit, never a silent cut, the folder's own head, finite weights ---------
 
 
 def test_pipelines_of_every_head_read_to_the_models_limit_and_never_cut(tokenizer):
@@ -468,8 +477,8 @@ def test_a_pipeline_of_another_head_and_nan_weights_are_one_line(work, roberta, 
 
     folder = work / "qa-for-pipelines"
     assert main(["convert", str(roberta), str(folder), *SMALL]) == 0
-    with pytest.raises(ValueError, match=r"holds a question-answering model \(ClusterFormerForQuestionAnswering\), not "
-                                         r"a fill-mask one.*task='question-answering'"):
+    with pytest.raises(ValueError, match=r"holds a question-answering model \(ClusterFormerForQuestionAnswering\), "
+                                         r"not a fill-mask one.*task='question-answering'"):
         hf_clusterformer.pipeline(model=str(folder), task="fill-mask")
     for task, head in (("question-answering", ClusterFormerForQuestionAnswering),
                        ("text-classification", ClusterFormerForSequenceClassification)):
@@ -562,5 +571,6 @@ def test_squad_answers_whose_text_is_a_string_are_one_line(work, capsys):
              "answers": {"text": "Tarsk", "answer_start": [start]}} for i in range(2)]
     data = work / "string-answers.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-    _one_line(capsys, ["train", "--train_file", str(data), "--output_dir", str(work / "string-run"), "--max_steps", "1",
-                       *TINY_TRAIN], str(data), "must hold lists", "{'text': ['answer'], 'answer_start': [offset]}")
+    _one_line(capsys, ["train", "--train_file", str(data), "--output_dir", str(work / "string-run"), "--max_steps",
+                       "1", *TINY_TRAIN],
+              str(data), "must hold lists", "{'text': ['answer'], 'answer_start': [offset]}")

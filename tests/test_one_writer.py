@@ -1,7 +1,7 @@
 """One writer of a model folder: every public way of saving a Cluster-Former model (``model.save_pretrained``,
 `save_for_hub`, the pipeline's ``save_pretrained``, conversion, a training run's checkpoint and final save) goes
-through `hf_clusterformer_model_folder.write_model_folder` and yields the same model files and the same ``auto_map`` and
-``custom_pipelines`` for the same head."""
+through `hf_clusterformer_model_folder.write_model_folder` and yields the same model files and the same
+``auto_map`` and ``custom_pipelines`` for the same head."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import tiny_config
 from transformers import RobertaConfig, RobertaForQuestionAnswering, TrainingArguments
 
 import hf_clusterformer_model_folder
@@ -21,8 +22,6 @@ from hf_clusterformer.loading import pipeline
 from hf_clusterformer_files import CODE_FILES, library_files
 from hf_clusterformer_model_folder import CUSTOM_PIPELINE
 from hf_clusterformer_writing import STAGING_PREFIX
-
-from helpers import tiny_config
 
 #: The files that make a model folder (the tokenizer, card and a run's records aside).
 MODEL_FILES = {"config.json", "model.safetensors", *CODE_FILES}

@@ -15,7 +15,15 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import (
-    CHILD_ENV, CONTEXT, QUESTION, SENTENCES, SMALL, sentence_tokenizer, squad_jsonl, tiny_config, tiny_roberta,
+    CHILD_ENV,
+    CONTEXT,
+    QUESTION,
+    SENTENCES,
+    SMALL,
+    sentence_tokenizer,
+    squad_jsonl,
+    tiny_config,
+    tiny_roberta,
 )
 from remote_code_helpers import HIDE_PACKAGE
 from safetensors.torch import load_file
@@ -23,12 +31,11 @@ from transformers import BertConfig, BertForQuestionAnswering, BertTokenizerFast
 
 import hf_clusterformer
 from hf_clusterformer import ClusterFormerForQuestionAnswering
-from hf_clusterformer_cli import main
 from hf_clusterformer.data.tokenizer import build_tokenizer
 from hf_clusterformer.hub import ModelFolderExistsError, save_for_hub
 from hf_clusterformer.modeling_clusterformer import UntrainedModelError, untrained_weights
 from hf_clusterformer.pipeline import ClusterFormerQuestionAnsweringPipeline
-
+from hf_clusterformer_cli import main
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +134,8 @@ def test_predict_refuses_a_new_qa_head_and_says_how_to_train(work, converted, ro
            str(converted), "never trained", "clusterformer train", "--allow-untrained")
     _error(capsys, ["predict", str(roberta), "--question", QUESTION, "--context-file", context, "--allow-untrained"],
            str(roberta), "plain roberta checkpoint", "clusterformer convert")  # not converted on the fly
-    assert main(["predict", str(converted), "--question", QUESTION, "--context-file", context, "--allow-untrained"]) == 0
+    assert main(["predict", str(converted), "--question", QUESTION, "--context-file", context,
+                 "--allow-untrained"]) == 0
 
 
 def test_pipeline_refuses_an_untrained_head_until_it_is_trained(converted, tokenizer, tmp_path):
@@ -180,7 +188,8 @@ def test_a_bert_tokenizer_with_a_roberta_based_model_is_one_line(work, converted
     import shutil
 
     words = sorted({w.strip(".,?").lower() for w in " ".join([*SENTENCES, QUESTION]).split()})
-    bert = BertTokenizerFast(vocab={t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", ".", ",", "?", *words])})
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", ".", ",", "?", *words]
+    bert = BertTokenizerFast(vocab={t: i for i, t in enumerate(tokens)})
     mixed = work / "mixed-tokenizer"
     shutil.copytree(converted, mixed)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt"):
@@ -221,8 +230,8 @@ torch.manual_seed(0)
 model = ClusterFormerForQuestionAnswering(tiny_config()).eval()
 model.save_pretrained(sys.argv[1])
 """
-    subprocess.run([sys.executable, "-c", save, str(tmp_path / "plain")], check=True, capture_output=True, env=CHILD_ENV,
-                   timeout=120)
+    subprocess.run([sys.executable, "-c", save, str(tmp_path / "plain")], check=True, capture_output=True,
+                   env=CHILD_ENV, timeout=120)
     model = ClusterFormerForQuestionAnswering.from_pretrained(tmp_path / "plain").eval()
     ids = torch.tensor([[0, 5, 6, 2, 2, *range(7, 40), 2]])
     with torch.no_grad():
@@ -278,7 +287,8 @@ def test_question_answering_task_once_registered(converted, tmp_path):
     qa = pipeline("question-answering", model=str(converted), pipeline_class=ClusterFormerQuestionAnsweringPipeline,
                   allow_untrained=True)
     assert type(qa) is ClusterFormerQuestionAnsweringPipeline
-    assert type(hf_clusterformer.pipeline(model=str(converted), allow_untrained=True)) is ClusterFormerQuestionAnsweringPipeline
+    built = hf_clusterformer.pipeline(model=str(converted), allow_untrained=True)
+    assert type(built) is ClusterFormerQuestionAnsweringPipeline
     model = ClusterFormerForQuestionAnswering(tiny_config())
     model.save_pretrained(tmp_path / "no-custom-pipeline")  # no custom_pipelines entry: the registry answers
     from transformers import AutoTokenizer
@@ -300,7 +310,8 @@ def test_another_heads_pipeline_on_a_folder_says_its_head_is_untrained(converted
     with caplog.at_level(logging.WARNING, logger="hf_clusterformer"):
         fill = pipeline("fill-mask", model=str(converted))
     said = [r.getMessage() for r in caplog.records if "drawn at random" in r.getMessage()]
-    assert len(said) == 1 and said[0].startswith("ClusterFormerForMaskedLM: the checkpoint has no weights for lm_head.")
+    assert len(said) == 1
+    assert said[0].startswith("ClusterFormerForMaskedLM: the checkpoint has no weights for lm_head.")
     assert "fine-tune it first" in said[0]
     assert any(name.startswith("lm_head.") for name in untrained_weights(fill.model))
 

@@ -19,7 +19,15 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import (
-    CHILD_ENV, CONTEXT, QUESTION, SENTENCES, SMALL, sentence_tokenizer, squad_jsonl, tiny_config, tiny_roberta,
+    CHILD_ENV,
+    CONTEXT,
+    QUESTION,
+    SENTENCES,
+    SMALL,
+    sentence_tokenizer,
+    squad_jsonl,
+    tiny_config,
+    tiny_roberta,
 )
 from remote_code_helpers import HIDE_PACKAGE
 from transformers import GPT2Config, GPT2Model, RobertaForQuestionAnswering
@@ -28,8 +36,8 @@ import hf_clusterformer
 from hf_clusterformer import ClusterFormerConfig, ClusterFormerForQuestionAnswering, ClusterFormerModel
 from hf_clusterformer.conversion import convert_checkpoint
 from hf_clusterformer.hub import ModelFolderExistsError, save_for_hub
-from hf_clusterformer_files import default_mode
 from hf_clusterformer_cli import main
+from hf_clusterformer_files import default_mode
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,7 +53,8 @@ def _command(*args: str, env: dict | None = None, timeout: int = 300) -> subproc
                           env=env or CHILD_ENV, stdin=subprocess.DEVNULL, timeout=timeout)
 
 
-def _one_line_error(result: subprocess.CompletedProcess, *fragments: str, prefix: str = "clusterformer: error: ") -> str:
+def _one_line_error(result: subprocess.CompletedProcess, *fragments: str,
+                    prefix: str = "clusterformer: error: ") -> str:
     """Exit status 2 and one error line (no traceback) holding ``fragments``."""
     assert result.returncode == 2, (result.returncode, result.stdout[-500:], result.stderr[-3000:])
     lines = result.stderr.strip().splitlines()
@@ -285,15 +294,15 @@ def test_saved_folders_get_the_usual_modes(hub_model, tokenizer, tmp_path, rober
 
 def test_from_pretrained_refuses_other_model_types(tmp_path):
     """Row: ``ClusterFormerForQuestionAnswering.from_pretrained(<a GPT-2 folder>)`` loaded a random model."""
-    GPT2Model(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50, bos_token_id=0, eos_token_id=0)).save_pretrained(
-        tmp_path / "gpt2")
+    gpt2 = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50, bos_token_id=0, eos_token_id=0)
+    GPT2Model(gpt2).save_pretrained(tmp_path / "gpt2")
     with pytest.raises(ValueError, match=r"'gpt2' checkpoint.*give a RoBERTa or Cluster-Former checkpoint"):
         ClusterFormerForQuestionAnswering.from_pretrained(tmp_path / "gpt2")
 
 
 def test_predict_card_and_push_refuse_a_plain_roberta_folder(roberta_qa, work, capsys):
-    """Rows: ``predict <plain RoBERTa QA folder>`` quietly added a random cluster layer; ``card`` claimed cluster layers;
-    ``push`` did not check."""
+    """Rows: ``predict <plain RoBERTa QA folder>`` quietly added a random cluster layer; ``card`` claimed cluster
+    layers; ``push`` did not check."""
     line = _one_line_error(_command("predict", str(roberta_qa), "--question", QUESTION, "--context-file",
                                     str(work / "context.txt")),
                            "plain roberta checkpoint", "cluster layers [1]", "never-fitted", "256/224",
@@ -352,7 +361,8 @@ def test_missing_sources_fail_at_once(monkeypatch):
     from transformers.utils.hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    with pytest.raises(OSError, match="model nosuch is not a local directory, and the Hub is out of reach: HF_HUB_OFF"):
+    with pytest.raises(OSError, match="model nosuch is not a local directory, and the Hub is out of reach: "
+                                      "HF_HUB_OFF"):
         hf_clusterformer.pipeline(model="nosuch")
     assert time.perf_counter() - start < 2
     code = """
@@ -376,7 +386,8 @@ def test_inputs_without_a_question_context_pair_and_all_padding_rows(tokenizer):
     no separator token")."""
     model = _model(tokenizer)
     single = tokenizer(CONTEXT, return_tensors="pt")
-    with pytest.raises(ValueError, match="row 0 holds one text, not a question/context pair.*tokenizer\\(question, context\\)"):
+    with pytest.raises(ValueError, match="row 0 holds one text, not a question/context pair"
+                                         ".*tokenizer\\(question, context\\)"):
         model(**single)
     pair = tokenizer([QUESTION, QUESTION], [CONTEXT, CONTEXT], return_tensors="pt")
     mask = pair["attention_mask"].clone()
@@ -399,7 +410,7 @@ def test_a_sparse_layer_takes_one_cluster():
         ClusterFormerConfig(num_hidden_layers=2, cluster_layers=[1], global_layer_type="lsh", num_clusters=1)
 
 
-# -- the README's Trainer block, the card's snippets, train's progress bar, the tokenizer without the plugin -----------
+# -- the README's Trainer block, the card's snippets, train's progress bar, the tokenizer without the plugin ----------
 
 
 def test_readme_trainer_block_runs_twice(tmp_path):
@@ -413,8 +424,8 @@ torch.set_num_threads(1)
 from helpers import squad_jsonl, tiny_config
 from hf_clusterformer import ClusterFormerForQuestionAnswering
 from hf_clusterformer.data import build_tokenizer
-tokenizer = build_tokenizer([f"Where does guest {{j}} stay? Guest {{j}} stays in room {{100 + j}}." for j in range(300)],
-                            vocab_size=400)
+tokenizer = build_tokenizer(
+    [f"Where does guest {{j}} stay? Guest {{j}} stays in room {{100 + j}}." for j in range(300)], vocab_size=400)
 model = ClusterFormerForQuestionAnswering(tiny_config(vocab_size=len(tokenizer), max_question_length=24,
     max_context_length=16384, window_size=24, window_stride=20, pad_token_id=tokenizer.pad_token_id,
     bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, type_vocab_size=1))
@@ -422,8 +433,8 @@ model = ClusterFormerForQuestionAnswering(tiny_config(vocab_size=len(tokenizer),
     (tmp_path / "outputs").mkdir()
     (tmp_path / "outputs" / "notes.txt").write_text("mine", encoding="utf-8")
     for run in range(2):
-        result = subprocess.run([sys.executable, "-c", prelude + block], cwd=tmp_path, env=CHILD_ENV, capture_output=True,
-                                text=True, timeout=600)
+        result = subprocess.run([sys.executable, "-c", prelude + block], cwd=tmp_path, env=CHILD_ENV,
+                                capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, (run, result.stderr[-3000:])
         assert (tmp_path / "outputs" / "trained" / "model.safetensors").is_file()
     assert (tmp_path / "outputs" / "notes.txt").read_text(encoding="utf-8") == "mine"
@@ -541,7 +552,8 @@ def test_a_hand_written_readme_is_never_replaced_by_a_models_card_without_overwr
     (folder / "README.md").write_text("# my notes\n", encoding="utf-8")
     with pytest.raises(ModelFolderExistsError, match="README.md of yours.*overwrite=True"):
         save_for_hub(model, None, folder)
-    assert (folder / "README.md").read_text(encoding="utf-8") == "# my notes\n" and not (folder / "config.json").exists()
+    assert (folder / "README.md").read_text(encoding="utf-8") == "# my notes\n"
+    assert not (folder / "config.json").exists()
     save_for_hub(model, None, folder, overwrite=True)  # asked for: the card replaces it
     assert "# my notes" not in (folder / "README.md").read_text(encoding="utf-8")
     fresh = tmp_path / "fresh"  # a generated card left in a folder without a model is a card, not the user's
@@ -792,7 +804,8 @@ def test_predict_and_pipeline_refuse_models_without_a_qa_head_in_one_line(tokeni
     assert "never trained" not in line
     with pytest.raises(ValueError, match="holds a masked-LM model"):
         hf_clusterformer.pipeline(model=str(mlm))
-    GPT2Model(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50, bos_token_id=0, eos_token_id=0)).save_pretrained(
+    GPT2Model(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50, bos_token_id=0,
+                         eos_token_id=0)).save_pretrained(
         tmp_path / "gpt2")
     with pytest.raises(ValueError, match=r"'gpt2' checkpoint, not a Cluster-Former one; give a Cluster-Former"):
         hf_clusterformer.pipeline(model=str(tmp_path / "gpt2"))
@@ -827,7 +840,7 @@ def test_export_is_quiet_unless_verbose(hub_model, tmp_path, capsys, caplog):
             warnings.simplefilter("always")
             with quiet_exporters():
                 logging.getLogger("torch.onnx._internal.exporter._registration").warning("torchvision is missing.")
-                warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated", FutureWarning)
+                warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated", FutureWarning, stacklevel=1)
         return [r.getMessage() for r in caplog.records if r.name.startswith("torch.onnx")] + [
             str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
 
@@ -860,7 +873,8 @@ with writing_model_dir(sys.argv[1], overwrite=True) as staging:
     print("writing", flush=True)
     time.sleep(60)
 """
-    process = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE, text=True, env=CHILD_ENV)
+    process = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE, text=True,
+                               env=CHILD_ENV)
     try:
         assert process.stdout.readline().strip() == "writing"
         process.send_signal(signal.SIGTERM)

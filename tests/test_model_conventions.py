@@ -17,6 +17,7 @@ from hf_clusterformer.configuration_clusterformer import required_position_embed
 from hf_clusterformer.modeling_clusterformer import (
     ClusterRouter,
     LSHRouter,
+    check_input_lengths,
     locate_question_prefix,
     sort_into_chunks,
     unsort_from_chunks,
@@ -339,8 +340,8 @@ def test_position_budget_and_longest_input_have_one_rule():
     assert config.max_input_length == config.max_question_length + config.max_context_length + 4
     assert required_position_embeddings(config.max_question_length, config.window_size, config.pad_token_id) <= 64
     with pytest.raises(ValueError, match="the question of row 0 has 9 tokens, more than max_question_length=8"):
-        config.check_input_lengths(9, 10, where="row 0")
-    config.check_input_lengths(8, config.max_context_length)  # the limits themselves are allowed
+        check_input_lengths(config, 9, 10, where="row 0")
+    check_input_lengths(config, 8, config.max_context_length)  # the limits themselves are allowed
     model = ClusterFormerModel(tiny_config(max_context_length=40)).eval()
     with torch.no_grad():  # a context of exactly max_context_length tokens (plus its closing separator) runs
         model(torch.tensor([[BOS, 5, SEP, SEP, *range(10, 50), SEP]]))

@@ -15,7 +15,7 @@ use, so that inference never imports them.
 import sys as _sys
 import typing as _typing
 
-from .configuration_clusterformer import ClusterFormerConfig, suggested_num_clusters
+from .configuration_clusterformer import ClusterFormerConfig
 from .loading import register_pipeline
 from .modeling_clusterformer import (
     ClusterFormerForMaskedLM,
@@ -79,6 +79,7 @@ _LAZY = {
     "inspect_clusters": "inspection",
     "convert_checkpoint": "conversion",
     "load_qa_model": "conversion",
+    "suggested_num_clusters": "conversion",
     "push_model": "hub",
     "save_for_hub": "hub",
     "prepare_for_hub": "hub",

@@ -73,13 +73,6 @@ def read_layer_kinds(depth: int, kinds: list[str] | None, arguments: dict, store
     return derived
 
 
-def suggested_num_clusters(context_tokens: int, window_stride: int, minimum: int = 16) -> int:
-    """Clusters per layer so that the average cluster fits one chunk: a power of two, at least ``minimum``."""
-    if context_tokens < 1 or window_stride < 1:
-        raise ValueError(f"context_tokens and window_stride must be positive, got {context_tokens}, {window_stride}.")
-    return 1 << (max(minimum, -(-context_tokens // window_stride)) - 1).bit_length()
-
-
 def required_position_embeddings(max_question_length: int, window_size: int, pad_token_id: int | None = 1) -> int:
     """Positions a window ``<s> Q </s></s> C[window]`` needs: ``pad + 1 + (q + 3) + l`` (RoBERTa's start at
     pad + 1)."""
@@ -272,19 +265,6 @@ class ClusterFormerConfig(RobertaConfig):
         """Longest pair encoding ``<s> Q </s></s> C </s>`` accepted: ``q + c + 4`` tokens."""
         return self.max_question_length + self.max_context_length + QUESTION_PREFIX_SPECIAL_TOKENS + 1
 
-    def check_input_lengths(self, question_tokens: int, context_tokens: int, where: str = "the input") -> None:
-        """`ValueError` unless question and (non-empty) context fit the limits, counted without special tokens."""
-        if question_tokens > self.max_question_length:
-            raise ValueError(f"the question of {where} has {question_tokens} tokens, more than max_question_length="
-                             f"{self.max_question_length}; shorten the question or use a model with a larger "
-                             "max_question_length (max_question_length + 3 + window_size must fit "
-                             "max_position_embeddings - 2).")
-        if context_tokens <= 0:
-            raise ValueError(f"{where} has an empty context; give a non-empty context after the question.")
-        if context_tokens > self.max_context_length:
-            raise ValueError(f"the context of {where} has {context_tokens} tokens, more than max_context_length="
-                             f"{self.max_context_length}; truncate it or raise max_context_length.")
-
     def check_position_budget(self) -> None:
         """`ValueError` unless a question prefix plus a window fits the position table (checked as a model is
         built)."""
@@ -316,4 +296,4 @@ class ClusterFormerConfig(RobertaConfig):
                 raise ValueError(f"{name} must be an object (names to classes), got {getattr(self, name)!r}.")
 
 
-__all__ = ["ClusterFormerConfig", "ConfigValueError", "required_position_embeddings", "suggested_num_clusters"]
+__all__ = ["ClusterFormerConfig", "ConfigValueError", "required_position_embeddings"]

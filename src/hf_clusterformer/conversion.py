@@ -36,7 +36,7 @@ from .modeling_clusterformer import (
     untrained_weights,
 )
 
-__all__ = ["convert_checkpoint", "load_qa_model"]
+__all__ = ["convert_checkpoint", "load_qa_model", "suggested_num_clusters"]
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +120,13 @@ def model_options() -> dict[str, ModelOption]:
         if option.name == "window_stride":
             table.update((shortcut.name, shortcut) for shortcut in _SHORTCUT_OPTIONS)
     return table
+
+
+def suggested_num_clusters(context_tokens: int, window_stride: int, minimum: int = 16) -> int:
+    """Clusters per layer so that the average cluster fits one chunk: a power of two, at least ``minimum``."""
+    if context_tokens < 1 or window_stride < 1:
+        raise ValueError(f"context_tokens and window_stride must be positive, got {context_tokens}, {window_stride}.")
+    return 1 << (max(minimum, -(-context_tokens // window_stride)) - 1).bit_length()
 
 
 def checkpoint_model_type(path: str | os.PathLike, **hub_kwargs: Any) -> str | None:

@@ -1538,7 +1538,23 @@ def check_rows(config: ClusterFormerConfig, lengths: list[int], questions: list[
             "separator ends it); encode inputs as tokenizer(question, context), or pass question_lengths."
         )
     for row in {questions.index(max(questions)), contexts.index(min(contexts)), contexts.index(max(contexts))}:
-        config.check_input_lengths(questions[row], contexts[row], where=f"row {row}")
+        check_input_lengths(config, questions[row], contexts[row], where=f"row {row}")
+
+
+def check_input_lengths(config: ClusterFormerConfig, question_tokens: int, context_tokens: int,
+                        where: str = "the input") -> None:
+    """`ValueError` unless question and (non-empty) context fit the config's limits, counted without special
+    tokens."""
+    if question_tokens > config.max_question_length:
+        raise ValueError(f"the question of {where} has {question_tokens} tokens, more than max_question_length="
+                         f"{config.max_question_length}; shorten the question or use a model with a larger "
+                         "max_question_length (max_question_length + 3 + window_size must fit "
+                         "max_position_embeddings - 2).")
+    if context_tokens <= 0:
+        raise ValueError(f"{where} has an empty context; give a non-empty context after the question.")
+    if context_tokens > config.max_context_length:
+        raise ValueError(f"the context of {where} has {context_tokens} tokens, more than max_context_length="
+                         f"{config.max_context_length}; truncate it or raise max_context_length.")
 
 
 def check_centroid_memory(config: ClusterFormerConfig, option: str = "num_clusters") -> None:

@@ -32,9 +32,9 @@ from transformers import AutoModelForQuestionAnswering, Pipeline
 from transformers.utils import logging
 
 try:  # package import
-    from .modeling_clusterformer import check_finite_outputs, check_trained
+    from .modeling_clusterformer import check_finite_outputs, check_input_lengths, check_trained
 except ImportError:  # Hub copy loaded with trust_remote_code
-    from modeling_clusterformer import check_finite_outputs, check_trained
+    from modeling_clusterformer import check_finite_outputs, check_input_lengths, check_trained
 
 logger = logging.get_logger(__name__)
 
@@ -263,7 +263,7 @@ class ClusterFormerQuestionAnsweringPipeline(Pipeline):
         if question_tokens == 0:
             raise ValueError("The question is empty after tokenization; give a non-empty question.")
         if required_model_max_length(config) is not None:
-            config.check_input_lengths(question_tokens, context_tokens)
+            check_input_lengths(config, question_tokens, context_tokens)
         elif total > self._input_limit():
             raise ValueError(
                 f"The input has {total} tokens, more than this {config.model_type} model takes "

@@ -16,16 +16,16 @@ __all__ = ["MAIN_VARIANTS", "PRESETS", "Preset", "Stage", "VARIANTS", "VARIANT_L
 PRETRAINED_ORIGIN = "sentence-transformers/all-MiniLM-L6-v2"
 
 #: Variants `compare` trains: the layer type put in place of the preset's cluster layers ("sliding": none).
-VARIANTS = ("clusterformer", "clusterformer-prefix", "sliding", "lsh", "sparse")
+VARIANTS = ("clusterformer", "clusterformer-prefix", "window-cluster", "sliding", "lsh", "sparse")
 #: The named recipes of `make_preset`.
 PRESETS = ("smoke", "demo", "gain", "gain-gpu", "study", "study-gpu", "cpu", "gpu")
 #: The layer type each variant puts at the recipe's cluster layers (None: none, a sliding-window model).
-VARIANT_LAYER_TYPE = {"clusterformer": "cluster", "clusterformer-prefix": "cluster", "sliding": None, "lsh": "lsh",
-                       "sparse": "sparse"}
+VARIANT_LAYER_TYPE = {"clusterformer": "cluster", "clusterformer-prefix": "cluster", "window-cluster": "window_cluster",
+                       "sliding": None, "lsh": "lsh", "sparse": "sparse"}
 #: Model options of a variant beyond its layer type (``clusterformer-prefix``: question prefix in every chunk).
 VARIANT_OPTIONS = {"clusterformer-prefix": {"chunk_question_prefix": True}}
 #: Variants run first on every seed (the comparison itself); the others on ``extra_variant_seeds`` seeds.
-MAIN_VARIANTS = ("clusterformer", "clusterformer-prefix", "sliding")
+MAIN_VARIANTS = ("clusterformer", "clusterformer-prefix", "window-cluster", "sliding")
 
 
 

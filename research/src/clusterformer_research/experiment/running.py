@@ -137,11 +137,11 @@ def twin_colocation(cluster_ids: torch.Tensor, token_index: torch.Tensor, answer
 
 def evaluate(model, tokenizer, records: list[dict], preset: Preset, device, dtype, batch_size: int, kind: str) -> dict:
     """Exact match of the best span (the pipeline's span search) on ``records``; on ``twin`` questions of a model
-    whose first global layer is a cluster layer, also how often the two answer mentions share a chunk there."""
+    whose first global layer is a cluster or window_cluster layer, also how often the two answer mentions share a chunk there."""
     columns = {key: [r[key] for r in records] for key in ("id", "question", "context")}
     features = prepare_validation_features(columns, tokenizer, max_length=1 << 20)
     global_types = [t for t in model.config.layer_kinds if t != "sliding"]
-    colocation = kind == "twin" and global_types[:1] == ["cluster"]
+    colocation = kind == "twin" and global_types[:1] in (["cluster"], ["window_cluster"])
     correct, shared = 0, []
     model.eval()
     for begin in range(0, len(records), batch_size):

@@ -38,6 +38,8 @@ from hf_clusterformer import pipeline as qa_pipeline
 from hf_clusterformer.hub import ModelFolderExistsError, quiet_loading
 from hf_clusterformer.pretrained import PretrainedUnavailableError
 
+#: The Cluster-Former variants the demo can train beside the sliding-window model.
+CLUSTER_VARIANTS = ("clusterformer", "window-cluster")
 #: Held-out far questions answered through each model's pipeline at the end (the same for every model).
 SAMPLE_QUESTIONS = 50
 
@@ -48,6 +50,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--pretrained", default=None, help="folder of the MiniLM files (default: the user cache)")
     parser.add_argument("--quick", action="store_true", help="seconds: the smoke recipe (a tiny random BERT)")
+    parser.add_argument("--variant", choices=CLUSTER_VARIANTS, default="clusterformer",
+                        help="the Cluster-Former trained beside the sliding-window model: clusterformer (the paper's "
+                             "cluster layer, in place of the window's) or window-cluster (a window_cluster layer: the "
+                             "window's attention plus the cluster chunk's; at the start the sliding model)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the models of an earlier run in --output_dir")
     parser.add_argument("--from_scratch", action="store_true", help="run the from-scratch demo instead")
@@ -100,6 +106,7 @@ def main() -> None:
     recipe = "smoke" if args.quick else "demo"
     preset = make_preset(recipe)
     preset.seeds = [args.seed]
+    preset.variants = [args.variant if v == "clusterformer" else v for v in preset.variants]
     output = Path(args.output_dir)
     if args.answer_only:
         missing = [str(output / v) for v in preset.variants if not (output / v / "config.json").is_file()]

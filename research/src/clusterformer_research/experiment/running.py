@@ -137,7 +137,8 @@ def twin_colocation(cluster_ids: torch.Tensor, token_index: torch.Tensor, answer
 
 def evaluate(model, tokenizer, records: list[dict], preset: Preset, device, dtype, batch_size: int, kind: str) -> dict:
     """Exact match of the best span (the pipeline's span search) on ``records``; on ``twin`` questions of a model
-    whose first global layer is a cluster or window_cluster layer, also how often the two answer mentions share a chunk there."""
+    whose first global layer is a cluster or window_cluster layer, also how often the two answer mentions share a
+    chunk there."""
     columns = {key: [r[key] for r in records] for key in ("id", "question", "context")}
     features = prepare_validation_features(columns, tokenizer, max_length=1 << 20)
     global_types = [t for t in model.config.layer_kinds if t != "sliding"]

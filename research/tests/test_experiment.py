@@ -144,6 +144,18 @@ def test_learning_rate_schedules_and_cluster_layer_groups():
     assert all(".layer.1." in names[id(p)] for p in fast["params"])
     assert len(fast["params"]) + len(rest["params"]) == len(list(model.parameters()))
 
+    model = ClusterFormerForQuestionAnswering(tiny_config(cluster_layers=[1], global_layer_type="window_cluster"))
+    preset.routed_lr_scale = 30.0
+    rest, fast, routed = parameter_groups(model, preset, 1e-4)
+    assert (rest["lr"], fast["lr"], routed["lr"]) == (1e-4, 5e-4, 3e-3)
+    assert {names_of(model)[id(p)] for p in routed["params"]} == {
+        "roberta.encoder.layer.1.routed_output.weight", "roberta.encoder.layer.1.routed_output.bias"}
+    assert sum(len(g["params"]) for g in (rest, fast, routed)) == len(list(model.parameters()))
+
+
+def names_of(model) -> dict[int, str]:
+    return {id(p): n for n, p in model.named_parameters()}
+
 
 def test_the_smoke_vocabulary_and_weights_are_the_same_in_every_process(tmp_path):
     """String hashing differs between processes; the smoke recipe's tokenizer and random BERT must not."""

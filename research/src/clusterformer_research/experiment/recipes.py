@@ -81,6 +81,7 @@ class Preset:
     schedule: str = "linear"  # "linear": warm-up then linear decay to 0 per stage; "constant": warm-up then constant
     warmup_steps: int | None = None  # per stage (None: 5% of its steps)
     cluster_lr_scale: float = 1.0  # learning-rate factor for the parameters of the global (cluster) layers
+    routed_lr_scale: float = 1.0  # learning-rate factor for the zero-started routed projection (window_cluster)
     curve_every: int = 0  # evaluate ``curve_samples`` held-out far twin questions every N steps (0: never)
     curve_samples: int = 100
     order: str = "epochs"  # "epochs": a shuffle per pass over a stage's data; "sequential": in the generated order

@@ -26,7 +26,7 @@ from hf_clusterformer.centroid_updates import CentroidUpdater
 from hf_clusterformer.conversion import convert_checkpoint
 from hf_clusterformer.features import prepare_train_features, prepare_validation_features
 from hf_clusterformer.hub import quiet_loading, save_for_hub
-from hf_clusterformer.modeling_clusterformer import ClusterFormerForQuestionAnswering
+from hf_clusterformer.modeling_clusterformer import ClusterFormerForQuestionAnswering, ZeroInitLinear
 from hf_clusterformer.pipeline import rank_spans
 from hf_clusterformer_files import check_output_dir
 
@@ -174,16 +174,19 @@ def evaluate(model, tokenizer, records: list[dict], preset: Preset, device, dtyp
 
 
 def parameter_groups(model, preset: Preset, learning_rate: float) -> list[dict]:
-    """AdamW groups: the global layers' parameters at ``cluster_lr_scale`` times the rate, the rest at the rate."""
+    """AdamW groups: the rest at the rate, the global layers' parameters at ``cluster_lr_scale`` times it, and the
+    parameters that start at zero (a window_cluster layer's ``routed_output``) at ``routed_lr_scale`` times it."""
     global_layers = {f"encoder.layer.{i}." for i in model.config.global_layers}
-    fast, rest = [], []
+    zero_started = {f"{name}." for name, module in model.named_modules() if isinstance(module, ZeroInitLinear)}
+    rest, fast, routed = [], [], []
     for name, parameter in model.named_parameters():
         if parameter.requires_grad:
-            (fast if any(prefix in name for prefix in global_layers) else rest).append(parameter)
-    groups = [{"params": rest, "lr": learning_rate}]
-    if fast:
-        groups.append({"params": fast, "lr": learning_rate * preset.cluster_lr_scale})
-    return groups
+            group = (routed if any(name.startswith(prefix) for prefix in zero_started)
+                     else fast if any(prefix in name for prefix in global_layers) else rest)
+            group.append(parameter)
+    groups = [(rest, 1.0), (fast, preset.cluster_lr_scale), (routed, preset.routed_lr_scale)]
+    return [{"params": params, "lr": learning_rate * scale}
+            for i, (params, scale) in enumerate(groups) if params or not i]
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Small builders shared by the tests: tiny configs, pair-encoded and single-text batches made from token ids,
-SQuAD-format data files, a tiny world for the commands, and a QA data set and callback for the Trainer."""
+SQuAD-format data files, a tiny world for the commands, a QA data set and callback for the Trainer, and the commands
+run with their one-line refusals checked (the write and refusal tests)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import contextlib
 import json
 import logging
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -185,3 +188,125 @@ class CentroidSnapshots(TrainerCallback):
 
     def on_step_begin(self, args, state, control, model=None, **kwargs):
         self.by_step[state.global_step + 1] = model.cluster_routers()[2].centroids.detach().clone()
+
+
+# -- commands and their one-line refusals, writes into folders (test_folder_writes.py, test_broken_weights.py,
+# test_untrained_heads.py, test_without_the_package.py, test_one_line_refusals.py) ------------------------------------
+
+#: ``clusterformer train`` options for a tiny model from scratch on the CPU (no checkpoints, no progress bar).
+TINY_TRAIN = [
+    "--hidden_size", "32", "--num_hidden_layers", "2", "--num_attention_heads", "2", "--intermediate_size", "64",
+    "--window_size", "32", "--window_stride", "24", "--max_question_length", "16", "--cluster_layers", "1",
+    "--num_clusters", "4", "--vocab_size", "300", "--per_device_train_batch_size", "2", "--report_to", "none",
+    "--use_cpu", "--seed", "0", "--save_strategy", "no", "--disable_tqdm", "true",
+]
+
+
+def tiny_train_args(train_file: Path) -> list[str]:
+    """``clusterformer train`` arguments for a tiny model from scratch on ``train_file`` (CPU, no evaluation)."""
+    return ["train", "--train_file", str(train_file), "--hidden_size", "32", "--num_hidden_layers", "2",
+            "--num_attention_heads", "2", "--intermediate_size", "64", "--window_size", "32", "--window_stride", "24",
+            "--max_question_length", "32", "--cluster_layers", "1", "--num_clusters", "4", "--vocab_size", "300",
+            "--per_device_train_batch_size", "1", "--report_to", "none", "--use_cpu", "--do_eval", "False", "-q"]
+
+
+def qa_file(path: Path, count: int) -> Path:
+    """``count`` SQuAD-format records (the question about Melka over `CONTEXT`) as a .jsonl file for train/evaluate."""
+    return squad_jsonl(path, QUESTION, CONTEXT, "Tarsk", count)
+
+
+def run_command(*args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    """``clusterformer ARGS`` in a subprocess (``python -m hf_clusterformer_cli``), no standard input."""
+    return subprocess.run([sys.executable, "-m", "hf_clusterformer_cli", *args], capture_output=True, text=True,
+                          env=env or CHILD_ENV, stdin=subprocess.DEVNULL, timeout=timeout)
+
+
+def one_line_error(result: subprocess.CompletedProcess, *fragments: str,
+                   prefix: str = "clusterformer: error: ") -> str:
+    """Exit status 2 and one error line (no traceback) holding ``fragments``."""
+    assert result.returncode == 2, (result.returncode, result.stdout[-500:], result.stderr[-3000:])
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(prefix), result.stderr[-3000:]
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def main_error(capsys, argv: list[str], *fragments: str) -> str:
+    """``main(argv)`` in this process: exit status 2 and one ``clusterformer: error:`` line holding ``fragments`` (the
+    subprocess cases, `run_command`, show the console script's own exit status and stderr; these run the same code
+    without an interpreter start)."""
+    from hf_clusterformer_cli import main
+
+    capsys.readouterr()
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("clusterformer: error: "), lines
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def main_one_line(capsys, argv: list[str], *fragments: str, status: int = 2) -> str:
+    """``main(argv)`` in this process: exit ``status`` and one ``clusterformer:`` line holding ``fragments``."""
+    from hf_clusterformer_cli import main
+
+    capsys.readouterr()
+    assert main(argv) == status
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("clusterformer: "), lines
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def without_package(code: str, *args: str) -> subprocess.CompletedProcess:
+    """Run ``code`` where ``hf_clusterformer`` cannot be imported, with no standard input (a prompt fails at once)."""
+    from remote_code_helpers import HIDE_PACKAGE
+
+    return subprocess.run([sys.executable, "-c", HIDE_PACKAGE + code, *args], capture_output=True, text=True,
+                          env=CHILD_ENV, stdin=subprocess.DEVNULL, timeout=180)
+
+
+def hidden_siblings(path: Path) -> list[str]:
+    """The hidden ``.NAME.*`` entries beside ``path`` (what a write into ``path`` must not leave)."""
+    return sorted(child.name for child in path.parent.iterdir() if child.name.startswith(f".{path.name}."))
+
+
+def tiny_qa_model(tokenizer, **overrides):
+    """A tiny Cluster-Former QA model (seed 0, eval mode) for ``tokenizer``: 16-token questions, 32-token windows."""
+    from hf_clusterformer import ClusterFormerForQuestionAnswering
+
+    torch.manual_seed(0)
+    values = dict(vocab_size=len(tokenizer), max_question_length=16, window_size=32, window_stride=24,
+                  max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id,
+                  bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, type_vocab_size=1)
+    return ClusterFormerForQuestionAnswering(tiny_config(**{**values, **overrides})).eval()
+
+
+def hub_qa_model(tokenizer, path: Path) -> Path:
+    """`tiny_qa_model` (random, no untrained record) written by `save_for_hub` to ``path``."""
+    from hf_clusterformer.hub import save_for_hub
+
+    return save_for_hub(tiny_qa_model(tokenizer), tokenizer, path)
+
+
+def converted_encoder(roberta: Path, path: Path) -> Path:
+    """``clusterformer convert`` of the plain encoder ``roberta`` to ``path``: its QA head is new (allowed, for
+    fine-tuning)."""
+    from hf_clusterformer_cli import main
+
+    assert main(["convert", str(roberta), str(path), *SMALL, "--allow-untrained"]) == 0
+    return path
+
+
+def train_one_step(model, tokenizer, output_dir: Path) -> Path:
+    """One Trainer step with a checkpoint at its end; returns the checkpoint folder."""
+    from transformers import Trainer, TrainingArguments
+
+    encoding = tokenizer(QUESTION, CONTEXT)
+    feature = {**encoding, "start_positions": 20, "end_positions": 21}
+    args = TrainingArguments(str(output_dir), max_steps=1, save_steps=1, per_device_train_batch_size=1,
+                             report_to="none", use_cpu=True, disable_tqdm=True)
+    Trainer(model=model, args=args, train_dataset=[feature], processing_class=tokenizer).train()
+    return output_dir / "checkpoint-1"

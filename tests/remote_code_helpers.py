@@ -1,6 +1,6 @@
-"""What the tests of self-contained checkpoints share (tests/test_remote_code.py, test_heads.py, test_tasks.py, the
-write and safety files): a tiny text world, an address where nothing listens, and the preamble of a child Python in
-which ``hf_clusterformer`` cannot be imported."""
+"""What the tests of self-contained checkpoints share (tests/test_remote_code.py, test_heads.py, test_tasks.py, and
+helpers.without_package for test_folder_writes.py and test_without_the_package.py): a tiny text world, an address
+where nothing listens, and the preamble of a child Python in which ``hf_clusterformer`` cannot be imported."""
 
 SENTENCES = [
     "Zorvan lives with Melka in the old house by the river.",

@@ -16,10 +16,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 #: file not listed runs after these, in its usual order. Names of files in either folder (tests/, research/tests/):
 #: the order is the same whichever conftest.py sorts, and sorting twice (both folders in one run) keeps it.
 LONGEST_FIRST = (
-    "test_write_rule.py", "test_experiment.py", "test_export_heads.py", "test_realtext.py", "test_run_mlm.py",
-    "test_cli.py", "test_export.py", "test_readme.py", "test_user_safety.py", "test_compile.py", "test_demo.py",
-    "test_transformers_common.py", "test_hub_server.py", "test_layer_types.py", "test_encoder_reference.py",
-    "test_folder_safety.py", "test_run_qa.py", "test_remote_code.py", "test_tasks.py", "test_distributed.py",
+    "test_folder_writes.py", "test_experiment.py", "test_export_heads.py", "test_realtext.py", "test_run_mlm.py",
+    "test_cli.py", "test_export.py", "test_readme.py", "test_one_line_refusals.py", "test_without_the_package.py",
+    "test_compile.py", "test_demo.py", "test_transformers_common.py", "test_hub_server.py", "test_layer_types.py",
+    "test_encoder_reference.py", "test_untrained_heads.py", "test_broken_weights.py", "test_run_qa.py",
+    "test_remote_code.py", "test_tasks.py", "test_distributed.py",
 )
 
 

@@ -52,7 +52,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from clusterformer_research.training import TrainStage, pad_batch, train_stages
+from clusterformer_research.training import TrainStage, pad_batch, scaled_groups, train_stages, zero_started
 from hf_clusterformer import CentroidUpdater, ClusterFormerForQuestionAnswering
 from hf_clusterformer.centroid_updates import CentroidUpdateSettings
 from hf_clusterformer.conversion import convert_checkpoint
@@ -92,6 +92,7 @@ CPU = dict(
     a_questions=0, a_steps=500, a_batch=16, a_max_length=256, a_lr=2e-4, a_warmup=20, a_seconds=0,
     a_eval_questions=64, a_eval_every=50, fit_batches=8,
     b_steps=100, b_min_steps=100, b_batch=4, b_tokens=[1000, 4000], b_lr=1e-4, b_warmup=0.1, b_seconds=2400,
+    b_routed_lr_scale=1.0,
     probe_steps=10, eval_questions=200, question_seed=0, other_lengths=[2000, 4000, 8000, 16000],
     same_lengths=[4000, 16000], start_lengths=[2000, 16000], eval_batch=1, max_answer_length=30,
     checkpoint_every=25, log_every=5, eval_log_every=25, bootstrap_samples=10000,
@@ -158,6 +159,7 @@ HELP = {
     "for Cluster-Former's first centroid fit", "b_steps": "stage B: most steps (the data is built for this many)",
     "b_min_steps": "stage B: fewest steps", "b_batch": "stage B: batch size",
     "b_tokens": "stage B: context length range (one length per batch)", "b_lr": "stage B: peak learning rate",
+    "b_routed_lr_scale": "stage B: learning-rate factor of the zero-started routed projection (window_cluster)",
     "b_warmup": "stage B: share of its steps with a linear warm-up (then linear decay)",
     "b_seconds": "stage B: seconds allowed per model, which sizes it after the probe (0: --b_steps)",
     "probe_steps": "stage B: steps timed on each model first (thrown away)",
@@ -939,8 +941,10 @@ def train_b(study: Study, seed: int, name: str, steps: int):
     model = load_model(study.start_path(seed, name), study, training=True)
     updater = make_updater(model, a, seed)
     data = study.multipassage_features(seed)[: steps * a.b_batch]
+    groups = None if a.b_routed_lr_scale == 1 else \
+        (lambda model, rate: scaled_groups(model, rate, [(zero_started(model), a.b_routed_lr_scale)]))
     stage = TrainStage("B", data, steps, a.b_batch, a.b_lr, warmup=max(1, round(a.b_warmup * steps)),
-                       schedule="linear", order="sequential")
+                       schedule="linear", order="sequential", param_groups=groups)
     seed_everything(seed)
     result = train_stages(model, [stage], pad_id=study.tokenizer.pad_token_id, updater=updater, seed=seed,
                           checkpoint_dir=folder / "checkpoint", checkpoint_every=a.checkpoint_every,

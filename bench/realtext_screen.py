@@ -41,6 +41,7 @@ VARIANTS = {
     "window-states": {},
     "window-keys": {"route_by": "keys"},
     "window-128": {"num_clusters": 128},
+    "window-128-fast": {"num_clusters": 128, "b_routed_lr_scale": 30.0},
     "window-layer5": {"cluster_layer": 5},
     "cluster": {"cluster_kind": "cluster"},
 }
@@ -130,7 +131,8 @@ def screen_model(args, name: str) -> None:
                                                          "questions": args.questions, "cells": cells(args),
                                                          "study": {k: getattr(a, k) for k in (
                                                              "cluster_kind", "route_by", "cluster_layer",
-                                                             "num_clusters", "b_lr", "b_batch", "b_tokens")}})
+                                                             "num_clusters", "b_lr", "b_routed_lr_scale",
+                                                             "b_batch", "b_tokens")}})
     if name != SLIDING:
         realtext.fit_start(study, seed)
     if name == SLIDING or a.cluster_kind not in EQUAL_AT_START:

@@ -146,7 +146,7 @@ def test_learning_rate_schedules_and_cluster_layer_groups():
 
     model = ClusterFormerForQuestionAnswering(tiny_config(cluster_layers=[1], global_layer_type="window_cluster"))
     preset.routed_lr_scale = 30.0
-    rest, fast, routed = parameter_groups(model, preset, 1e-4)
+    rest, routed, fast = parameter_groups(model, preset, 1e-4)
     assert (rest["lr"], fast["lr"], routed["lr"]) == (1e-4, 5e-4, 3e-3)
     assert {names_of(model)[id(p)] for p in routed["params"]} == {
         "roberta.encoder.layer.1.routed_output.weight", "roberta.encoder.layer.1.routed_output.bias"}

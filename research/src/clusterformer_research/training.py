@@ -33,7 +33,8 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["CHECKPOINT_NAME", "Gate", "TrainStage", "learning_rate_factor", "pad_batch", "qa_loss", "train_stages"]
+__all__ = ["CHECKPOINT_NAME", "Gate", "TrainStage", "learning_rate_factor", "pad_batch", "qa_loss", "scaled_groups",
+           "train_stages", "zero_started"]
 
 #: The checkpoint file inside ``checkpoint_dir``.
 CHECKPOINT_NAME = "training-state.pt"
@@ -93,6 +94,28 @@ class TrainStage:
         learning_rate_factor(self.schedule, self.warmup, self.steps)  # checks the schedule's name
         if self.rehearsal_batch and not self.rehearsal:
             raise ValueError(f"stage {self.name!r}: rehearsal_batch={self.rehearsal_batch} needs rehearsal features")
+
+
+def scaled_groups(model: torch.nn.Module, learning_rate: float, scales: Sequence[tuple[Callable[[str], bool], float]]
+                  ) -> list[dict]:
+    """AdamW groups: each trainable parameter at ``learning_rate`` times the scale of the first ``(takes(name),
+    scale)`` of ``scales`` that takes its name, else at ``learning_rate``; the unscaled group first, empty ones left
+    out (but the first)."""
+    groups: list[list] = [[] for _ in range(len(scales) + 1)]
+    for name, parameter in model.named_parameters():
+        if parameter.requires_grad:
+            groups[next((i + 1 for i, (takes, _) in enumerate(scales) if takes(name)), 0)].append(parameter)
+    rates = [learning_rate, *(learning_rate * scale for _, scale in scales)]
+    return [{"params": params, "lr": rate} for i, (params, rate) in enumerate(zip(groups, rates)) if params or not i]
+
+
+def zero_started(model: torch.nn.Module) -> Callable[[str], bool]:
+    """Whether a parameter name belongs to a module that starts at zero (a window_cluster layer's
+    ``routed_output``, `ZeroInitLinear`)."""
+    from hf_clusterformer.modeling_clusterformer import ZeroInitLinear
+
+    prefixes = tuple(f"{name}." for name, module in model.named_modules() if isinstance(module, ZeroInitLinear))
+    return lambda name: name.startswith(prefixes) if prefixes else False
 
 
 def learning_rate_factor(schedule: str, warmup: int, steps: int) -> Callable[[int], float]:

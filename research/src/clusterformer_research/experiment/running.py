@@ -26,12 +26,12 @@ from hf_clusterformer.centroid_updates import CentroidUpdater
 from hf_clusterformer.conversion import convert_checkpoint
 from hf_clusterformer.features import prepare_train_features, prepare_validation_features
 from hf_clusterformer.hub import quiet_loading, save_for_hub
-from hf_clusterformer.modeling_clusterformer import ClusterFormerForQuestionAnswering, ZeroInitLinear
+from hf_clusterformer.modeling_clusterformer import ClusterFormerForQuestionAnswering
 from hf_clusterformer.pipeline import rank_spans
 from hf_clusterformer_files import check_output_dir
 
 from ..longrange import generate_longrange_dataset
-from ..training import Gate, TrainStage, pad_batch, train_stages
+from ..training import Gate, TrainStage, pad_batch, scaled_groups, train_stages, zero_started
 from .recipes import MAIN_VARIANTS, PRETRAINED_ORIGIN, VARIANT_LAYER_TYPE, VARIANT_OPTIONS, Preset, Stage
 from .report import positional_shortcuts, write_report
 
@@ -174,19 +174,13 @@ def evaluate(model, tokenizer, records: list[dict], preset: Preset, device, dtyp
 
 
 def parameter_groups(model, preset: Preset, learning_rate: float) -> list[dict]:
-    """AdamW groups: the rest at the rate, the global layers' parameters at ``cluster_lr_scale`` times it, and the
-    parameters that start at zero (a window_cluster layer's ``routed_output``) at ``routed_lr_scale`` times it."""
-    global_layers = {f"encoder.layer.{i}." for i in model.config.global_layers}
-    zero_started = {f"{name}." for name, module in model.named_modules() if isinstance(module, ZeroInitLinear)}
-    rest, fast, routed = [], [], []
-    for name, parameter in model.named_parameters():
-        if parameter.requires_grad:
-            group = (routed if any(name.startswith(prefix) for prefix in zero_started)
-                     else fast if any(prefix in name for prefix in global_layers) else rest)
-            group.append(parameter)
-    groups = [(rest, 1.0), (fast, preset.cluster_lr_scale), (routed, preset.routed_lr_scale)]
-    return [{"params": params, "lr": learning_rate * scale}
-            for i, (params, scale) in enumerate(groups) if params or not i]
+    """AdamW groups (`scaled_groups`): the rest at the rate, the parameters that start at zero (a window_cluster
+    layer's ``routed_output``) at ``routed_lr_scale`` times it, the global layers' other parameters at
+    ``cluster_lr_scale`` times it."""
+    global_layers = tuple(f"encoder.layer.{i}." for i in model.config.global_layers)
+    return scaled_groups(model, learning_rate, [(zero_started(model), preset.routed_lr_scale),
+                                                (lambda name: any(p in name for p in global_layers),
+                                                 preset.cluster_lr_scale)])
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -6,10 +6,10 @@ on CPU.
 2. Convert it twice: Cluster-Former (a cluster layer on top of pretrained sliding-window layers) and the same model
    with a sliding-window layer in its place.
 3. Fine-tune both side by side, one core each, with the same data and seed (`clusterformer_research.experiment`, the
-   research package in ``research/``, recipe ``demo``: the gain study's gated recipe, about 60 minutes on two idle
+   research package in ``research/``, recipe ``demo``: the gain study's gated recipe, about 80 minutes on two idle
    cores): first on near ``twin`` questions ("Which place has two residents?") over 5 facts in 62-72 tokens, until
    the held-out near EM reaches 85 (at most 300 steps); then on 16-fact contexts of 300-340 tokens whose two
-   mentions lie further apart than the sliding-window stack can relay (6 layers x 32 tokens), 150 steps with 4 near
+   mentions lie further apart than the sliding-window stack can relay (6 layers x 32 tokens), 250 steps with 4 near
    questions kept in each.
    The facts are spread so that no fact position pays much: the positional shortcuts are printed beside the scores.
 4. Evaluate exact match on held-out far ``twin`` questions, print the table, the learning curves (near EM; far EM

@@ -22,15 +22,15 @@ def _demo(*args: str) -> str:
 
 def test_the_demo_trains_saves_and_answers_then_answers_again(tmp_path):
     out = _demo("--quick", "--output_dir", str(tmp_path))
-    assert "| clusterformer |" in out and "| sliding |" in out and "Positional shortcuts" in out
-    first = re.findall(r"^  (\w+): right on (\d+) of the 50$", out, flags=re.M)
-    assert {variant for variant, _ in first} >= {"clusterformer", "sliding"}
-    for variant in ("clusterformer", "sliding"):
+    assert "| window-cluster |" in out and "| sliding |" in out and "Positional shortcuts" in out
+    first = re.findall(r"^  ([\w-]+): right on (\d+) of the 50$", out, flags=re.M)
+    assert {variant for variant, _ in first} >= {"window-cluster", "sliding"}
+    for variant in ("window-cluster", "sliding"):
         assert (tmp_path / variant / "model.safetensors").is_file()
     again = _demo("--quick", "--output_dir", str(tmp_path), "--answer_only")
-    assert re.findall(r"^  (\w+): right on (\d+) of the 50$", again, flags=re.M) == first
-    alone = dict(re.findall(r"^right by (\w+) alone: (\d+)$", again, flags=re.M))
-    assert set(alone) >= {"clusterformer", "sliding"}  # the smoke recipe trains lsh and sparse too
+    assert re.findall(r"^  ([\w-]+): right on (\d+) of the 50$", again, flags=re.M) == first
+    alone = dict(re.findall(r"^right by ([\w-]+) alone: (\d+)$", again, flags=re.M))
+    assert set(alone) >= {"window-cluster", "sliding"}  # the smoke recipe trains lsh and sparse too
     assert again.count("the first of them, Q: ") == sum(int(n) > 0 for n in alone.values())
     assert "saved to" in out and "saved to" not in again
 

@@ -141,7 +141,8 @@ def make_preset(name: str) -> Preset:
         preset = make_preset("gain")
         preset.stages[0].steps, preset.stages[1].steps = 300, 250
         preset.stages[0].far_curve = False
-        preset.seeds, preset.curve_samples, preset.eval_samples, preset.time_budget = [0], 100, 150, 90 * 60
+        preset.seeds, preset.curve_samples, preset.eval_samples, preset.time_budget = [0], 100, 150, 60 * 60
+        preset.routed_lr_scale = 30.0  # a window_cluster layer's routed path opens in time (window-cluster-routed-lr)
         return preset
     if name == "study":  # the long-range study's CPU baseline: no positional shortcut, one-token names, curves
         far = {"twin": _balanced(150, 180, 100), "local": _chains(150, 180, 100)}

@@ -228,7 +228,7 @@ def load_model(
 def fit_initial_centroids(model, blocks: datasets.Dataset, count: int, settings) -> int:
     """Fit the cluster layers' centroids on the states of the first ``count`` training blocks (train mode, no
     gradients); returns the number of blocks used (0 when the model has no cluster layer)."""
-    if count <= 0 or "cluster" not in model.config.layer_kinds:
+    if count <= 0 or not model.cluster_routers():
         return 0
     updater = CentroidUpdater(model, settings, min_states=0)
     was_training = model.training

@@ -138,12 +138,13 @@ def sentence_tokenizer():
 
 
 def tiny_roberta(path: Path, tokenizer, head=None, seed: int = 1, **config) -> Path:
-    """Save a tiny RoBERTa checkpoint (2 layers, 32 wide) with ``head`` (a transformers RoBERTa class; default the
+    """Save a tiny RoBERTa checkpoint (2 layers, 32 wide, unless ``config`` says) with ``head`` (a transformers RoBERTa class; default the
     plain encoder, no pooler) and ``tokenizer`` to ``path``."""
     from transformers import RobertaConfig, RobertaModel
 
-    config = RobertaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                           intermediate_size=64, max_position_embeddings=514, type_vocab_size=1, **config)
+    values = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                  max_position_embeddings=514, type_vocab_size=1)
+    config = RobertaConfig(vocab_size=len(tokenizer), **{**values, **config})
     torch.manual_seed(seed)
     head = head or RobertaModel
     (head(config, add_pooling_layer=False) if head is RobertaModel else head(config)).save_pretrained(path)

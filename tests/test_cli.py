@@ -250,16 +250,22 @@ def test_convert_roberta_checkpoint(roberta_qa, workdir, capsys):
                  "--window-size", "32", "--window-stride", "24", "--max-question-length", "16"])
     assert code == 0
     out = capsys.readouterr().out
-    # the QA head came along: nothing new
+    # the QA head came along: nothing new; a pretrained encoder's global layer adds to its window by default
     assert out.strip() == (f"wrote {target}, a question-answering model, from a roberta checkpoint "
-                           "(layers ['sliding', 'cluster'], 4 clusters, windows 32/24)")
+                           "(layers ['sliding', 'window_cluster'], 4 clusters, windows 32/24)")
 
     again = workdir / "again"  # a Cluster-Former source keeps its settings unless told otherwise
     assert main(["convert", str(target), str(again), "--num-clusters", "2"]) == 0
     assert capsys.readouterr().out.strip() == (
         f"wrote {again}, a question-answering model, from a clusterformer checkpoint "
-        "(layers ['sliding', 'cluster'], 2 clusters, windows 32/24)"
+        "(layers ['sliding', 'window_cluster'], 2 clusters, windows 32/24)"
     )
+
+    paper = workdir / "paper"  # the paper's replacing layer, named
+    assert main(["convert", str(roberta_qa), str(paper), "--cluster-layers", "1", "--global-layer-type", "cluster",
+                 "--num-clusters", "4", "--window-size", "32", "--window-stride", "24", "--max-question-length",
+                 "16"]) == 0
+    assert "(layers ['sliding', 'cluster'], 4 clusters" in capsys.readouterr().out
 
     retyped = workdir / "retyped"  # layer kinds replace a Cluster-Former source's placement
     argv = ["convert", str(target), str(retyped), "--layer-kinds", "sliding", "lsh", "--no-use-answerability-head"]
@@ -268,7 +274,7 @@ def test_convert_roberta_checkpoint(roberta_qa, workdir, capsys):
 
     converted = AutoModelForQuestionAnswering.from_pretrained(target)
     assert isinstance(converted, ClusterFormerForQuestionAnswering)
-    assert converted.config.layer_kinds == ["sliding", "cluster"]
+    assert converted.config.layer_kinds == ["sliding", "window_cluster"]
     assert (converted.config.window_size, converted.config.window_stride) == (32, 24)
     source = RobertaForQuestionAnswering.from_pretrained(roberta_qa).state_dict()
     weights = converted.state_dict()

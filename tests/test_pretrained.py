@@ -54,16 +54,21 @@ def test_bert_converts_and_equals_bert_in_one_window(tmp_path):
     tokenizer = BertTokenizerFast.from_pretrained(converted.path)
     encoded = tokenizer(QUESTIONS, CONTEXTS, padding=True, return_tensors="pt")
     bert = BertModel.from_pretrained(source).eval()
-    # a sliding-window-only copy: one window, no cluster layer, must be the source model exactly
+    # a sliding-window-only copy: one window, no cluster layer, must be the source model exactly; so must the model as
+    # converted, whose global layer adds to its window (window_cluster, by default for a pretrained encoder)
+    assert converted.config.layer_kinds == ["sliding", "window_cluster"]
     model = ClusterFormerModel.from_pretrained(converted.path, cluster_layers=[]).eval()
+    as_converted = ClusterFormerModel.from_pretrained(converted.path).eval()
     mask = encoded["attention_mask"].bool()
     with torch.no_grad():
         expected = bert(**encoded).last_hidden_state[mask]
         with_types = model(**encoded).last_hidden_state[mask]
         derived = model(input_ids=encoded["input_ids"], attention_mask=encoded["attention_mask"])
         derived_types = derived.last_hidden_state[mask]
+        default = as_converted(**encoded).last_hidden_state[mask]
     torch.testing.assert_close(with_types, expected, atol=1e-5, rtol=0)
     torch.testing.assert_close(derived_types, expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(default, expected, atol=1e-5, rtol=0)
     fresh = ClusterFormerForQuestionAnswering.from_pretrained(converted.path)
     assert not bool(fresh.cluster_routers()[1].fitted)
 

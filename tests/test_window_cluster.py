@@ -4,14 +4,17 @@ converted RoBERTa checkpoint); once the projection moves, the routed path change
 activation checkpointing (reentrant too) gives its plain gradients. tests/test_encoder_reference.py checks it against
 the loop reference."""
 
+import json
+
 import pytest
 import torch
 from helpers import pad_batch, random_example, sentence_tokenizer, tiny_config, tiny_roberta
 from transformers import RobertaForQuestionAnswering
 
-from hf_clusterformer import CentroidUpdater, ClusterFormerForQuestionAnswering
+from hf_clusterformer import CentroidUpdater, ClusterFormerConfig, ClusterFormerForQuestionAnswering
 from hf_clusterformer.centroid_updates import CentroidUpdateSettings
-from hf_clusterformer.conversion import convert_checkpoint
+from hf_clusterformer.configuration_clusterformer import PRETRAINED_ENCODER
+from hf_clusterformer.conversion import convert_checkpoint, load_qa_model
 from hf_clusterformer.modeling_clusterformer import WindowClusterLayer, check_trained, untrained_weights
 
 WINDOW_CLUSTER = dict(num_hidden_layers=4, cluster_layers=[1, 3], global_layer_type="window_cluster", num_clusters=4)
@@ -146,6 +149,41 @@ def test_a_converted_checkpoint_starts_as_its_sliding_reader(tmp_path):
         got = model(**text)
     torch.testing.assert_close(got.start_logits, expected.start_logits, rtol=0, atol=1e-6)
     torch.testing.assert_close(got.end_logits, expected.end_logits, rtol=0, atol=1e-6)
+
+
+def test_a_pretrained_encoder_gets_window_cluster_layers_unless_kinds_are_named(tmp_path):
+    """A model built from a config keeps the paper's replacing layer; a RoBERTa checkpoint loaded (any override of
+    the depth or the placement too) or converted gets window_cluster layers, and never stores how it got them."""
+    assert ClusterFormerConfig(num_hidden_layers=6).layer_kinds == ["sliding"] * 4 + ["cluster"] * 2
+    tokenizer = sentence_tokenizer()
+    source = tiny_roberta(tmp_path / "roberta", tokenizer, head=RobertaForQuestionAnswering, num_hidden_layers=6)
+    loaded = {
+        "default": ClusterFormerConfig.from_pretrained(source),
+        "depth": ClusterFormerConfig.from_pretrained(source, num_hidden_layers=4),
+        "placement": ClusterFormerConfig.from_pretrained(source, cluster_layers=[1]),
+        "named": ClusterFormerConfig.from_pretrained(source, global_layer_type="cluster"),
+        "kinds": ClusterFormerConfig.from_pretrained(source, layer_kinds=["sliding"] * 5 + ["lsh"]),
+    }
+    assert {name: config.layer_kinds for name, config in loaded.items()} == {
+        "default": ["sliding"] * 4 + ["window_cluster"] * 2,
+        "depth": ["sliding"] * 3 + ["window_cluster"],
+        "placement": ["sliding", "window_cluster"] + ["sliding"] * 4,
+        "named": ["sliding"] * 4 + ["cluster"] * 2,
+        "kinds": ["sliding"] * 5 + ["lsh"],
+    }
+    options = dict(window_size=32, window_stride=24, max_question_length=16, num_clusters=4)
+    model = load_qa_model(source, **options)
+    assert model.config.layer_kinds == ["sliding"] * 4 + ["window_cluster"] * 2
+    model.save_pretrained(tmp_path / "saved")
+    saved = json.loads((tmp_path / "saved" / "config.json").read_text(encoding="utf-8"))
+    assert PRETRAINED_ENCODER not in saved and saved["layer_kinds"] == model.config.layer_kinds
+    # a Cluster-Former checkpoint keeps its own kinds; a new placement over it takes its kind
+    again = ClusterFormerConfig.from_pretrained(tmp_path / "saved", cluster_layers=[2])
+    assert again.layer_kinds == ["sliding", "sliding", "window_cluster"] + ["sliding"] * 3
+    converted = convert_checkpoint(source, tmp_path / "converted", cluster_layers=[3], **options)
+    assert converted.config.layer_kinds == ["sliding"] * 3 + ["window_cluster"] + ["sliding"] * 2
+    paper = convert_checkpoint(source, tmp_path / "paper", cluster_layers=[3], global_layer_type="cluster", **options)
+    assert paper.config.layer_kinds == ["sliding"] * 3 + ["cluster"] + ["sliding"] * 2
 
 
 def test_chunk_question_prefix_is_refused_for_window_cluster_layers():

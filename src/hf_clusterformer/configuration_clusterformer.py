@@ -23,6 +23,13 @@ SLIDING_LAYER_TYPE, GLOBAL_LAYER_TYPES = LAYER_TYPES[0], LAYER_TYPES[1:]
 ROUTED_LAYER_TYPES = ("cluster", "lsh", "window_cluster")
 #: Arguments that spell ``layer_kinds``, read once (`read_layer_kinds`) and never stored.
 LAYER_KIND_SHORTCUTS = ("cluster_layers", "global_layer_type", "layer_types")
+#: The kind of the global layers when none is named: the paper's ``cluster`` for a model built from a config, and
+#: ``window_cluster`` for one made of a pretrained RoBERTa or BERT encoder, whose reader it leaves exactly as it was at
+#: the start (on real text the replacing layer stays 15-23 F1 behind that reader: docs/studies.md).
+DEFAULT_GLOBAL_LAYER_TYPE, PRETRAINED_GLOBAL_LAYER_TYPE = "cluster", "window_cluster"
+#: Marks the values of a pretrained RoBERTa/BERT encoder given to `ClusterFormerConfig.from_dict` (which takes it
+#: away): its global layers are `PRETRAINED_GLOBAL_LAYER_TYPE` unless kinds are named.
+PRETRAINED_ENCODER = "_pretrained_encoder"
 #: Special tokens around the question in ``<s> Q </s></s>`` (BERT's ``[CLS] Q [SEP]``: 2); one more ends a pair.
 QUESTION_PREFIX_SPECIAL_TOKENS = 3
 #: Most context tokens a model may be set to take (``max_context_length``): 16M, far beyond one forward pass.
@@ -57,7 +64,8 @@ def read_layer_kinds(depth: int, kinds: list[str] | None, arguments: dict, store
     if outside:
         raise ValueError(f"cluster_layers holds {outside[0]}, outside the {depth} encoder layers (0..{depth - 1}).")
     own = [base[i] for i in kept]
-    kind = given.get("global_layer_type", own[0] if len(set(own)) == 1 else own if layers == kept else "cluster")
+    kept_kind = own[0] if len(set(own)) == 1 else own if layers == kept else DEFAULT_GLOBAL_LAYER_TYPE
+    kind = given.get("global_layer_type", kept_kind)
     spelt = [kind] * len(layers) if isinstance(kind, str) else list(kind)
     unknown = [k for k in spelt if k not in GLOBAL_LAYER_TYPES]
     if unknown:
@@ -159,7 +167,8 @@ class ClusterFormerConfig(RobertaConfig):
     ``layer_kinds`` is the one stored list of layer kinds; a new kind is one more entry of `LayerKind`. Shortcuts spell
     it in the constructor and as `from_pretrained` overrides, read once (`read_layer_kinds`) and never stored:
     ``cluster_layers`` (0-based indices of the global layers; ``[]``: a sliding-window model) with
-    ``global_layer_type`` (one kind or one per index, default ``"cluster"``), or ``layer_types`` (its former name)."""
+    ``global_layer_type`` (one kind or one per index; default ``"cluster"``, ``"window_cluster"`` for a RoBERTa
+    checkpoint: `PRETRAINED_GLOBAL_LAYER_TYPE`), or ``layer_types`` (its former name)."""
 
     model_type = "clusterformer"
 
@@ -175,8 +184,8 @@ class ClusterFormerConfig(RobertaConfig):
         None, "the kind of every encoder layer: sliding (attention within each window), cluster (K-Means centroids), "
               "lsh (random hyperplane buckets), sparse (attention across windows at equal in-window position) or "
               "window_cluster (a window's attention plus a cluster layer's, added through a projection that starts at "
-              "zero: at first the sliding layer exactly); default: cluster at the paper's layers scaled to the depth, "
-              "sliding elsewhere")
+              "zero: at first the sliding layer exactly); default: the paper's layers scaled to the depth, cluster "
+              "for a new model and window_cluster for a pretrained RoBERTa/BERT encoder, sliding elsewhere")
     num_clusters: int = _option(64, "centroids per cluster layer (buckets per LSH layer)", positive_int_field)
     max_question_length: int = _option(64, "question tokens allowed, without special tokens", positive_int_field)
     max_context_length: int = _option(131072, "context tokens allowed in one forward pass",
@@ -209,14 +218,18 @@ class ClusterFormerConfig(RobertaConfig):
         refused in one line naming the file (`ConfigValueError`) or the argument."""
         given = set(kwargs) & {*cls.__dataclass_fields__, *LAYER_KIND_SHORTCUTS}
         spelling = {"layer_kinds", *LAYER_KIND_SHORTCUTS}
+        config_dict = dict(config_dict)
+        named = {"layer_kinds", *LAYER_KIND_SHORTCUTS[1:]} & {k for k, v in {**config_dict, **kwargs}.items() if v}
+        if config_dict.pop(PRETRAINED_ENCODER, False) and not named:
+            kwargs = {**kwargs, "global_layer_type": PRETRAINED_GLOBAL_LAYER_TYPE}
         try:
-            if given & {"num_hidden_layers", *spelling}:
+            if set(kwargs) & {"num_hidden_layers", *spelling}:
                 stored = cls(**config_dict).layer_kinds if spelling & set(config_dict) else None
                 depth = kwargs.pop("num_hidden_layers", config_dict.get("num_hidden_layers", cls.num_hidden_layers))
                 kinds = read_layer_kinds(depth, kwargs.pop("layer_kinds", None), kwargs, stored)
                 config_dict = {**{k: v for k, v in config_dict.items() if k not in spelling},
                                "num_hidden_layers": depth, "layer_kinds": kinds}
-            return super().from_dict(dict(config_dict), **kwargs)
+            return super().from_dict(config_dict, **kwargs)
         except StrictDataclassError as error:  # a value of the wrong type, or an unknown layer kind
             raise _type_error(cls, error, {**config_dict, **kwargs}, given) from None
         except ValueError as error:  # a value out of range: the file's, when nothing overrides it
@@ -246,7 +259,7 @@ class ClusterFormerConfig(RobertaConfig):
                              f"give a RoBERTa or Cluster-Former checkpoint (a BERT-family one through {mapped}).")
         if model_type == "roberta":
             logger.info_once("Extending a RoBERTa checkpoint with Cluster-Former's window and cluster options.")
-            config_dict = {**config_dict, "model_type": cls.model_type}
+            config_dict = {**config_dict, "model_type": cls.model_type, PRETRAINED_ENCODER: True}
         return config_dict, kwargs
 
     @property

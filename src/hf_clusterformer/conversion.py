@@ -22,7 +22,10 @@ from hf_clusterformer_heads import Head, architectures_task, find_head
 
 from . import modeling_clusterformer
 from .configuration_clusterformer import (
+    DEFAULT_GLOBAL_LAYER_TYPE,
     GLOBAL_LAYER_TYPES,
+    PRETRAINED_ENCODER,
+    PRETRAINED_GLOBAL_LAYER_TYPE,
     ClusterFormerConfig,
     ConfigValueError,
     check_context_length,
@@ -92,9 +95,10 @@ _SHORTCUT_OPTIONS = (
     ModelOption("cluster_layers", list[int] | None, None,
                 "0-based indices of the global layers, all others sliding (none: a sliding-window model); "
                 "shortcut for layer_kinds, default the paper's layers scaled to the depth", int, True),
-    ModelOption("global_layer_type", str | list[str], "cluster",
-                "the kind of each of cluster_layers, one for all or one per entry; shortcut for layer_kinds", str,
-                False, GLOBAL_LAYER_TYPES),
+    ModelOption("global_layer_type", str | list[str] | None, None,
+                "the kind of each of cluster_layers, one for all or one per entry; shortcut for layer_kinds, default "
+                f"{PRETRAINED_GLOBAL_LAYER_TYPE} for a RoBERTa/BERT source (at first its reader exactly), "
+                f"{DEFAULT_GLOBAL_LAYER_TYPE} for a new model", str, False, GLOBAL_LAYER_TYPES),
 )
 
 
@@ -417,8 +421,8 @@ def _plain_values(source: PretrainedConfig) -> dict[str, Any]:
 
 def _merged_config(values: Mapping[str, Any], options: Mapping[str, Any]) -> ClusterFormerConfig:
     """A source's config values with the given model options over them, as `from_pretrained` takes overrides (the
-    layer-kind shortcuts over a Cluster-Former source's kinds: `ClusterFormerConfig.from_dict`); checked when the model
-    is built."""
+    layer-kind shortcuts over a Cluster-Former source's kinds, a pretrained encoder's global layers
+    `PRETRAINED_GLOBAL_LAYER_TYPE` unless named: `ClusterFormerConfig.from_dict`); checked when the model is built."""
     return ClusterFormerConfig.from_dict(dict(values), **options)
 
 
@@ -433,7 +437,7 @@ def _converted_model(
         values, state = _bert_as_roberta(src, source, tokenizer, hub_kwargs, heads.built)
     else:
         values = _plain_values(source)
-    config = _merged_config(values, options)
+    config = _merged_config({**values, PRETRAINED_ENCODER: source.model_type in ("roberta", "bert")}, options)
     if state is None:
         # centroids saved for another cluster layout start afresh (seeded, not fitted)
         model, info = model_class.from_pretrained(

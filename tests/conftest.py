@@ -4,4 +4,4 @@ tests/support/session.py, which research/tests/conftest.py imports too."""
 
 from support.session import _one_thread, pytest_collection_modifyitems, pytest_configure  # noqa: F401
 
-pytest_plugins = ["support.hub_fixtures"]
+pytest_plugins = ["support.hub_fixtures", "support.model_folders"]

@@ -15,7 +15,6 @@ from helpers import (
     SENTENCES,
     SMALL,
     TINY_TRAIN,
-    sentence_tokenizer,
     squad_jsonl,
     tiny_config,
     tiny_roberta,
@@ -30,16 +29,6 @@ from transformers import RobertaForQuestionAnswering
 from hf_clusterformer import ClusterFormerForQuestionAnswering
 from hf_clusterformer.hub import save_for_hub
 from hf_clusterformer_cli import main
-
-
-@pytest.fixture(scope="module")
-def work(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("broken-weights")
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return sentence_tokenizer()
 
 
 @pytest.fixture(scope="module")

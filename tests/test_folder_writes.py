@@ -24,8 +24,6 @@ from helpers import (
     SENTENCES,
     SMALL,
     TINY_TRAIN,
-    hub_qa_model,
-    sentence_tokenizer,
     squad_jsonl,
     tiny_config,
     tiny_roberta,
@@ -59,33 +57,9 @@ MODEL_FILES = {"config.json", "model.safetensors", *CODE_FILES}
 
 
 @pytest.fixture(scope="module")
-def work(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("folder-writes")
-    (path / "context.txt").write_text(CONTEXT, encoding="utf-8")
-    return path
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return sentence_tokenizer()
-
-
-@pytest.fixture(scope="module")
 def roberta(work, tokenizer) -> Path:
     """A plain tiny RoBERTa QA checkpoint with its tokenizer (what ``convert`` reads)."""
     return tiny_roberta(work / "roberta", tokenizer, RobertaForQuestionAnswering)
-
-
-@pytest.fixture(scope="module")
-def roberta_qa(work, tokenizer) -> Path:
-    """A plain tiny RoBERTa QA checkpoint with its tokenizer."""
-    return tiny_roberta(work / "roberta-qa", tokenizer, RobertaForQuestionAnswering)
-
-
-@pytest.fixture(scope="module")
-def hub_model(work, tokenizer) -> Path:
-    """A Cluster-Former QA model (random, no untrained record) written by `save_for_hub`."""
-    return hub_qa_model(tokenizer, work / "hub-model")
 
 
 @pytest.fixture(scope="module")

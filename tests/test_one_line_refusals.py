@@ -20,12 +20,8 @@ from helpers import (
     SENTENCES,
     SMALL,
     TINY_TRAIN,
-    converted_encoder,
-    hub_qa_model,
-    sentence_tokenizer,
     squad_jsonl,
     tiny_config,
-    tiny_roberta,
 )
 from helpers import hidden_siblings as _siblings
 from helpers import main_error as _error
@@ -42,7 +38,6 @@ from transformers import (
     GPT2Config,
     GPT2Model,
     RobertaConfig,
-    RobertaForQuestionAnswering,
 )
 
 import hf_clusterformer
@@ -51,43 +46,6 @@ from hf_clusterformer.conversion import convert_checkpoint
 from hf_clusterformer.data.tokenizer import build_tokenizer
 from hf_clusterformer.hub import save_for_hub
 from hf_clusterformer_cli import main
-
-
-@pytest.fixture(scope="module")
-def work(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("refusals")
-    (path / "context.txt").write_text(CONTEXT, encoding="utf-8")
-    return path
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return sentence_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def roberta(work, tokenizer) -> Path:
-    """A plain tiny RoBERTa encoder (no QA head) with its tokenizer."""
-    return tiny_roberta(work / "roberta", tokenizer)
-
-
-@pytest.fixture(scope="module")
-def converted(work, roberta) -> Path:
-    """``clusterformer convert`` of the plain encoder: its QA head is new (allowed, for fine-tuning)."""
-    return converted_encoder(roberta, work / "converted")
-
-
-@pytest.fixture(scope="module")
-def roberta_qa(work, tokenizer) -> Path:
-    """A plain tiny RoBERTa QA checkpoint with its tokenizer."""
-    return tiny_roberta(work / "roberta-qa", tokenizer, RobertaForQuestionAnswering)
-
-
-@pytest.fixture(scope="module")
-def hub_model(work, tokenizer) -> Path:
-    """A Cluster-Former QA model (random, no untrained record) written by `save_for_hub`."""
-    return hub_qa_model(tokenizer, work / "hub-model")
-
 
 # -- a folder that holds a model or a hand-written card: --overwrite --------------------------------------------------
 

@@ -7,7 +7,6 @@ import json
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,10 +15,7 @@ from helpers import (
     CONTEXT,
     QUESTION,
     SMALL,
-    converted_encoder,
-    sentence_tokenizer,
     squad_jsonl,
-    tiny_roberta,
 )
 from helpers import main_error as _error
 from safetensors.torch import load_file
@@ -30,31 +26,6 @@ from hf_clusterformer.hub import save_for_hub
 from hf_clusterformer.modeling_clusterformer import UntrainedModelError, untrained_weights
 from hf_clusterformer.pipeline import ClusterFormerQuestionAnsweringPipeline
 from hf_clusterformer_cli import main
-
-
-@pytest.fixture(scope="module")
-def work(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("untrained")
-    (path / "context.txt").write_text(CONTEXT, encoding="utf-8")
-    return path
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return sentence_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def roberta(work, tokenizer) -> Path:
-    """A plain tiny RoBERTa encoder (no QA head) with its tokenizer."""
-    return tiny_roberta(work / "roberta", tokenizer)
-
-
-@pytest.fixture(scope="module")
-def converted(work, roberta) -> Path:
-    """``clusterformer convert`` of the plain encoder: its QA head is new (allowed, for fine-tuning)."""
-    return converted_encoder(roberta, work / "converted")
-
 
 # -- a new head: refused until trained, drawn by --seed, said when loaded ---------------------------------------------
 

@@ -16,11 +16,7 @@ from helpers import (
     CHILD_ENV,
     CONTEXT,
     QUESTION,
-    converted_encoder,
-    hub_qa_model,
-    sentence_tokenizer,
     tiny_config,
-    tiny_roberta,
 )
 from helpers import tiny_qa_model as _model
 from helpers import train_one_step as _train_one_step
@@ -30,35 +26,6 @@ import hf_clusterformer
 from hf_clusterformer import ClusterFormerForQuestionAnswering
 from hf_clusterformer.hub import save_for_hub
 from hf_clusterformer.pipeline import ClusterFormerQuestionAnsweringPipeline
-
-
-@pytest.fixture(scope="module")
-def work(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("without-package")
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return sentence_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def roberta(work, tokenizer) -> Path:
-    """A plain tiny RoBERTa encoder (no QA head) with its tokenizer."""
-    return tiny_roberta(work / "roberta", tokenizer)
-
-
-@pytest.fixture(scope="module")
-def converted(work, roberta) -> Path:
-    """``clusterformer convert`` of the plain encoder: its QA head is new (allowed, for fine-tuning)."""
-    return converted_encoder(roberta, work / "converted")
-
-
-@pytest.fixture(scope="module")
-def hub_model(work, tokenizer) -> Path:
-    """A Cluster-Former QA model (random, no untrained record) written by `save_for_hub`."""
-    return hub_qa_model(tokenizer, work / "hub-model")
-
 
 # -- where hf_clusterformer cannot be imported: code files, pipeline code, card snippets, tokenizer -------------------
 

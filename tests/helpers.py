@@ -138,8 +138,8 @@ def sentence_tokenizer():
 
 
 def tiny_roberta(path: Path, tokenizer, head=None, seed: int = 1, **config) -> Path:
-    """Save a tiny RoBERTa checkpoint (2 layers, 32 wide, unless ``config`` says) with ``head`` (a transformers RoBERTa class; default the
-    plain encoder, no pooler) and ``tokenizer`` to ``path``."""
+    """Save a tiny RoBERTa checkpoint (2 layers, 32 wide, unless ``config`` says) with ``head`` (a transformers
+    RoBERTa class; default the plain encoder, no pooler) and ``tokenizer`` to ``path``."""
     from transformers import RobertaConfig, RobertaModel
 
     values = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,

@@ -366,3 +366,33 @@ def test_window_cluster_layers_get_their_centroids_fitted(tmp_path):
     trained = AutoModelForQuestionAnswering.from_pretrained(tmp_path / "out")
     assert trained.config.layer_kinds == ["sliding", "window_cluster"]
     assert bool(trained.cluster_routers()[1].fitted), "a window_cluster layer's centroids were never fitted"
+
+
+def test_routed_learning_rate_scale_trains_the_zero_started_projection_at_its_own_rate(tmp_path):
+    """``--routed_learning_rate_scale``: the window_cluster layer's ``routed_output`` gets its own optimizer groups at
+    that factor of the rate (with and without weight decay), the scheduler scales them alike; 1 keeps Trainer's
+    groups; a factor that is not positive is refused before anything loads."""
+    from helpers import sentence_tokenizer, tiny_config
+
+    from hf_clusterformer import ClusterFormerForQuestionAnswering
+
+    model = ClusterFormerForQuestionAnswering(tiny_config(cluster_layers=[1], global_layer_type="window_cluster"))
+    routed = {id(p) for p in model.roberta.encoder.layer[1].routed_output.parameters()}
+    args = TrainingArguments(output_dir=str(tmp_path), learning_rate=1e-3, warmup_steps=2, report_to="none",
+                             use_cpu=True, weight_decay=0.01)
+    rates = {}
+    for scale in (1.0, 30.0):
+        trainer = qa_training.make_trainer(model, args, None, sentence_tokenizer(), [], scale)
+        trainer.create_optimizer_and_scheduler(num_training_steps=10)
+        groups = trainer.optimizer.param_groups
+        assert sum(len(g["params"]) for g in groups) == sum(1 for p in model.parameters() if p.requires_grad)
+        rates[scale] = sorted((g["initial_lr"] / 1e-3, g["weight_decay"],
+                               {id(p) in routed for p in g["params"]} == {True}) for g in groups)
+        trainer.optimizer.step()  # no gradients yet: nothing moves; the schedule takes its first step
+        trainer.lr_scheduler.step()
+        assert [g["lr"] for g in groups] == pytest.approx([r / 2 for r in trainer.lr_scheduler.base_lrs])
+    assert rates[1.0] == [(pytest.approx(1.0), 0.0, False), (pytest.approx(1.0), 0.01, False)]  # Trainer's own
+    assert rates[30.0] == [(pytest.approx(1.0), 0.0, False), (pytest.approx(1.0), 0.01, False),
+                           (pytest.approx(30.0), 0.0, True), (pytest.approx(30.0), 0.01, True)]
+    with pytest.raises(ValueError, match="--routed_learning_rate_scale must be positive, got 0.0"):
+        qa_training.parse_args(["--routed_learning_rate_scale", "0", "--output_dir", "out"])

@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> dict:
     with quiet_loading():
         convert_checkpoint(source, work / "model",
                            cluster_layers=[args.cluster_layer] if args.variant == "clusterformer" else [],
-                           num_clusters=args.num_clusters, window_size=args.window[0], window_stride=args.window[1],
+                           global_layer_type="cluster", num_clusters=args.num_clusters,
+                           window_size=args.window[0], window_stride=args.window[1],
                            max_question_length=args.max_question_length, max_context_length=1 << 17)
         tokenizer = AutoTokenizer.from_pretrained(work / "model")
         torch.manual_seed(args.seed)

@@ -17,7 +17,8 @@ for name, articles in (("train", squad["data"][:40]), ("heldout", squad["data"][
     json.dump({"version": squad.get("version", "1.1"), "data": articles}, open(f"{sys.argv[1]}/{name}.json", "w"))
 PY
 OMP_NUM_THREADS=1 nice -n 10 .venv/bin/clusterformer train --model_name_or_path "$MINILM" --allow_untrained \
-  --cluster_layers 3 --train_file "$OUT/train.json" --validation_file "$OUT/heldout.json" --eval_samples 400 \
+  --cluster_layers 3 --global_layer_type cluster --train_file "$OUT/train.json" --validation_file "$OUT/heldout.json" \
+  --eval_samples 400 \
   --max_seq_length 256 --do_train --do_eval --max_steps "$STEPS" --per_device_train_batch_size 16 \
   --learning_rate 2e-4 --warmup_steps 20 --seed 0 --output_dir "$OUT/model" --overwrite --save_strategy no \
   --report_to none --logging_steps 25 --disable_tqdm true

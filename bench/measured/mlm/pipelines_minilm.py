@@ -32,7 +32,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         for task, name in TASKS.items():
             converted = convert_checkpoint(source, Path(folder) / task, task=task, window_size=128, window_stride=112,
-                                           cluster_layers=[3], num_clusters=16)
+                                           cluster_layers=[3], global_layer_type="cluster", num_clusters=16)
             run = pipeline(name, model=str(converted.path), device="cpu")
             text, count = "", 0
             for article in articles:  # whole articles until 10k tokens

@@ -9,7 +9,7 @@ OUT=${1:-/tmp/mlm-runs}
 MINILM=${MINILM:-$HOME/.cache/hf_clusterformer/all-MiniLM-L6-v2}
 for seed in 0 1; do
   for model in clusterformer sliding; do
-    layers=(--cluster_layers 3); [ "$model" = sliding ] && layers=(--cluster_layers)
+    layers=(--cluster_layers 3 --global_layer_type cluster); [ "$model" = sliding ] && layers=(--cluster_layers)
     OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python examples/run_mlm.py --model_name_or_path "$MINILM" \
       --window_size 128 --window_stride 112 "${layers[@]}" --num_clusters 16 \
       --max_seq_length 1024 --max_eval_samples 16 --initial_centroid_blocks 8 \

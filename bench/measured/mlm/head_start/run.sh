@@ -31,7 +31,7 @@ if [ ! -f "$OUT/head/model.safetensors" ]; then
 fi
 for seed in 0 1; do
   for model in clusterformer sliding; do
-    layers=(--cluster_layers 3); [ "$model" = sliding ] && layers=(--cluster_layers)
+    layers=(--cluster_layers 3 --global_layer_type cluster); [ "$model" = sliding ] && layers=(--cluster_layers)
     "${RUN[@]}" --model_name_or_path "$OUT/head" --window_size 128 --window_stride 112 "${layers[@]}" --num_clusters 16 \
       --max_seq_length 1024 --max_eval_samples 16 --initial_centroid_blocks 8 \
       --centroid_update_steps 40 --memory_size 20000 --max_capture_per_forward 2048 \

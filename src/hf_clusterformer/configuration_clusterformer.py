@@ -300,7 +300,8 @@ class ClusterFormerConfig(RobertaConfig):
                              "one per layer.")
         if self.chunk_question_prefix and "window_cluster" in kinds:
             raise ValueError("chunk_question_prefix applies to cluster and lsh layers, not window_cluster ones (each "
-                             "of their states sees its window's question already); set it False.")
+                             "of their states sees its window's question already, and a pretrained encoder gets them "
+                             "by default); set it False, or name global_layer_type='cluster'.")
         if "lsh" in kinds and self.num_clusters % 2:
             raise ValueError(f"num_clusters must be even for LSH layers (buckets: ±projections), got "
                              f"{self.num_clusters}.")

@@ -391,8 +391,12 @@ def test_routed_learning_rate_scale_trains_the_zero_started_projection_at_its_ow
         trainer.optimizer.step()  # no gradients yet: nothing moves; the schedule takes its first step
         trainer.lr_scheduler.step()
         assert [g["lr"] for g in groups] == pytest.approx([r / 2 for r in trainer.lr_scheduler.base_lrs])
+        assert trainer.create_optimizer() is trainer.optimizer and len(trainer.optimizer.param_groups) == len(groups)
     assert rates[1.0] == [(pytest.approx(1.0), 0.0, False), (pytest.approx(1.0), 0.01, False)]  # Trainer's own
     assert rates[30.0] == [(pytest.approx(1.0), 0.0, False), (pytest.approx(1.0), 0.01, False),
                            (pytest.approx(30.0), 0.0, True), (pytest.approx(30.0), 0.01, True)]
+    own = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="applies to the optimizer the Trainer creates"):
+        qa_training.RoutedRateTrainer(model=model, args=args, optimizers=(own, None), routed_learning_rate_scale=30)
     with pytest.raises(ValueError, match="--routed_learning_rate_scale must be positive, got 0.0"):
         qa_training.parse_args(["--routed_learning_rate_scale", "0", "--output_dir", "out"])

@@ -469,14 +469,18 @@ class RoutedRateTrainer(Trainer):
     def __init__(self, *args: Any, routed_learning_rate_scale: float = 1.0, **kwargs: Any):
         if not routed_learning_rate_scale > 0:
             raise ValueError(f"routed_learning_rate_scale must be positive, got {routed_learning_rate_scale}.")
+        if routed_learning_rate_scale != 1 and (kwargs.get("optimizers") or (None,))[0] is not None:
+            raise ValueError("routed_learning_rate_scale applies to the optimizer the Trainer creates; with your own "
+                             "optimizer, give the routed projections (routed_output) a group of their own instead.")
         super().__init__(*args, **kwargs)
         self.routed_learning_rate_scale = routed_learning_rate_scale
 
     def create_optimizer(self, model=None) -> torch.optim.Optimizer:
+        created = self.optimizer is None  # split once, as it is made (a second call returns it as it is)
         optimizer = super().create_optimizer(model)
         routed = {id(p) for module in (model or self.model).modules() if isinstance(module, ZeroInitLinear)
                   for p in module.parameters()}
-        if self.routed_learning_rate_scale == 1 or not routed:
+        if not created or self.routed_learning_rate_scale == 1 or not routed:
             return optimizer
         groups = [{**group, "params": params, "lr": group["lr"] * scale}
                   for group in optimizer.param_groups

@@ -368,10 +368,11 @@ def test_window_cluster_layers_get_their_centroids_fitted(tmp_path):
     assert bool(trained.cluster_routers()[1].fitted), "a window_cluster layer's centroids were never fitted"
 
 
-def test_routed_learning_rate_scale_trains_the_zero_started_projection_at_its_own_rate(tmp_path):
+def test_routed_learning_rate_scale_trains_the_zero_started_projection_at_its_own_rate(tmp_path, caplog):
     """``--routed_learning_rate_scale``: the window_cluster layer's ``routed_output`` gets its own optimizer groups at
     that factor of the rate (with and without weight decay), the scheduler scales them alike; 1 keeps Trainer's
-    groups; a factor that is not positive is refused before anything loads."""
+    groups; a model without such a layer is warned about; a factor that is not positive is refused before anything
+    loads."""
     from helpers import sentence_tokenizer, tiny_config
 
     from hf_clusterformer import ClusterFormerForQuestionAnswering
@@ -395,6 +396,10 @@ def test_routed_learning_rate_scale_trains_the_zero_started_projection_at_its_ow
     assert rates[1.0] == [(pytest.approx(1.0), 0.0, False), (pytest.approx(1.0), 0.01, False)]  # Trainer's own
     assert rates[30.0] == [(pytest.approx(1.0), 0.0, False), (pytest.approx(1.0), 0.01, False),
                            (pytest.approx(30.0), 0.0, True), (pytest.approx(30.0), 0.01, True)]
+    plain = ClusterFormerForQuestionAnswering(tiny_config(cluster_layers=[1]))  # the paper's layer: nothing to scale
+    with caplog.at_level("WARNING", logger="hf_clusterformer.qa_training"):
+        qa_training.make_trainer(plain, args, None, sentence_tokenizer(), [], 30.0).create_optimizer()
+    assert "routed_learning_rate_scale 30.0 changes nothing: the model has no window_cluster layer" in caplog.text
     own = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(ValueError, match="applies to the optimizer the Trainer creates"):
         qa_training.RoutedRateTrainer(model=model, args=args, optimizers=(own, None), routed_learning_rate_scale=30)

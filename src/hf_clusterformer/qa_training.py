@@ -480,6 +480,9 @@ class RoutedRateTrainer(Trainer):
         optimizer = super().create_optimizer(model)
         routed = {id(p) for module in (model or self.model).modules() if isinstance(module, ZeroInitLinear)
                   for p in module.parameters()}
+        if created and self.routed_learning_rate_scale != 1 and not routed:
+            logger.warning("routed_learning_rate_scale %s changes nothing: the model has no window_cluster layer.",
+                           self.routed_learning_rate_scale)
         if not created or self.routed_learning_rate_scale == 1 or not routed:
             return optimizer
         groups = [{**group, "params": params, "lr": group["lr"] * scale}

@@ -462,6 +462,13 @@ def load_model(
 # -- evaluation ---------------------------------------------------------------------------------------------------
 
 
+def zero_started_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    """Name -> parameter of the modules that start at zero (`ZeroInitLinear`, a window_cluster layer's
+    ``routed_output``), named as ``model.named_parameters()`` names them."""
+    return {f"{module_name}.{name}": parameter for module_name, module in model.named_modules()
+            if isinstance(module, ZeroInitLinear) for name, parameter in module.named_parameters()}
+
+
 class RoutedRateTrainer(Trainer):
     """A `Trainer` whose optimizer trains the zero-started routed projections (`ZeroInitLinear`, a window_cluster
     layer's ``routed_output``) at ``routed_learning_rate_scale`` times each group's rate; the scheduler follows."""
@@ -478,8 +485,7 @@ class RoutedRateTrainer(Trainer):
     def create_optimizer(self, model=None) -> torch.optim.Optimizer:
         created = self.optimizer is None  # split once, as it is made (a second call returns it as it is)
         optimizer = super().create_optimizer(model)
-        routed = {id(p) for module in (model or self.model).modules() if isinstance(module, ZeroInitLinear)
-                  for p in module.parameters()}
+        routed = {id(p) for p in zero_started_parameters(model or self.model).values()}
         if created and self.routed_learning_rate_scale != 1 and not routed:
             logger.warning("routed_learning_rate_scale %s changes nothing: the model has no window_cluster layer.",
                            self.routed_learning_rate_scale)

@@ -111,11 +111,10 @@ def scaled_groups(model: torch.nn.Module, learning_rate: float, scales: Sequence
 
 def zero_started(model: torch.nn.Module) -> Callable[[str], bool]:
     """Whether a parameter name belongs to a module that starts at zero (a window_cluster layer's
-    ``routed_output``, `ZeroInitLinear`)."""
-    from hf_clusterformer.modeling_clusterformer import ZeroInitLinear
+    ``routed_output``: `hf_clusterformer.qa_training.zero_started_parameters`)."""
+    from hf_clusterformer.qa_training import zero_started_parameters
 
-    prefixes = tuple(f"{name}." for name, module in model.named_modules() if isinstance(module, ZeroInitLinear))
-    return lambda name: name.startswith(prefixes) if prefixes else False
+    return frozenset(zero_started_parameters(model)).__contains__
 
 
 def learning_rate_factor(schedule: str, warmup: int, steps: int) -> Callable[[int], float]:

@@ -24,6 +24,7 @@ BAD_VALUES = {
     "range": ({"window_stride": 0}, ("window_stride", "0 < window_stride")),
     "activation": ({"hidden_act": "bogus"}, ("hidden_act", "gelu")),
     "dtype": ({"dtype": "float99"}, ("dtype", "float32")),
+    "derived": ({"global_layers": [1]}, ("global_layers", "derived", "cluster_layers")),
 }
 
 
@@ -80,3 +81,14 @@ def test_the_python_api_names_the_file_and_an_override_its_argument(converted, t
         AutoConfig.from_pretrained(folder)
     with pytest.raises(ValueError, match=r"^num_clusters='8' was given, but num_clusters takes an integer\.$"):
         ClusterFormerForQuestionAnswering.from_pretrained(converted, num_clusters="8")
+
+
+def test_a_derived_property_given_as_an_argument_is_one_line():
+    """Row: ``ClusterFormerConfig(global_layers=[1])`` (a read-only property) printed the whole config and raised
+    ``AttributeError: property 'global_layers' ... has no setter``."""
+    with pytest.raises(ValueError, match=r"^global_layers is derived from the other fields, not set; give "
+                                         r"cluster_layers \(their indices\) or layer_kinds"):
+        ClusterFormerConfig(num_hidden_layers=2, global_layers=[1])
+    with pytest.raises(ValueError, match="^max_input_length is derived from the other fields, not set; leave it out"):
+        ClusterFormerConfig(max_input_length=600)
+    assert ClusterFormerConfig(num_hidden_layers=4, cluster_layers=[1]).global_layers == [1]

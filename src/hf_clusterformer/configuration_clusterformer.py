@@ -202,6 +202,12 @@ class ClusterFormerConfig(RobertaConfig):
                                                             "their key projections")
 
     def __post_init__(self, **kwargs):
+        derived = next((name for name in kwargs if isinstance(read_only := getattr(type(self), name, None), property)
+                        and read_only.fset is None), None)
+        if derived is not None:  # setting it would fail deep in transformers, the whole config printed
+            raise ValueError(f"{derived} is derived from the other fields, not set; "
+                             + ("give cluster_layers (their indices) or layer_kinds (one kind per layer) instead."
+                                if derived == "global_layers" else "leave it out."))
         self.layer_kinds = read_layer_kinds(self.num_hidden_layers, self.layer_kinds, kwargs)
         try:
             super().__post_init__(**kwargs)  # makes a dtype name torch's dtype

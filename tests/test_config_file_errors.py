@@ -25,6 +25,7 @@ BAD_VALUES = {
     "activation": ({"hidden_act": "bogus"}, ("hidden_act", "gelu")),
     "dtype": ({"dtype": "float99"}, ("dtype", "float32")),
     "derived": ({"global_layers": [1]}, ("global_layers", "derived", "cluster_layers")),
+    "misspelt": ({"windows_size": 8}, ("windows_size", "did you mean window_size?")),
 }
 
 
@@ -83,12 +84,19 @@ def test_the_python_api_names_the_file_and_an_override_its_argument(converted, t
         ClusterFormerForQuestionAnswering.from_pretrained(converted, num_clusters="8")
 
 
-def test_a_derived_property_given_as_an_argument_is_one_line():
+def test_a_derived_property_or_a_misspelt_option_given_as_an_argument_is_one_line(converted):
     """Row: ``ClusterFormerConfig(global_layers=[1])`` (a read-only property) printed the whole config and raised
-    ``AttributeError: property 'global_layers' ... has no setter``."""
+    ``AttributeError: property 'global_layers' ... has no setter``; ``num_cluster=4`` was stored and never read (the
+    model kept 64 clusters), and ``from_pretrained(..., num_cluster=4)`` was a TypeError from the model's init."""
     with pytest.raises(ValueError, match=r"^global_layers is derived from the other fields, not set; give "
                                          r"cluster_layers \(their indices\) or layer_kinds"):
         ClusterFormerConfig(num_hidden_layers=2, global_layers=[1])
     with pytest.raises(ValueError, match="^max_input_length is derived from the other fields, not set; leave it out"):
         ClusterFormerConfig(max_input_length=600)
+    for load in (ClusterFormerConfig, lambda **kw: ClusterFormerForQuestionAnswering.from_pretrained(converted, **kw)):
+        for typo, meant in (("num_cluster", "num_clusters"), ("cluster_layer", "cluster_layers"),
+                            ("routed_by", "route_by"), ("windows_size", "window_size")):
+            with pytest.raises(ValueError, match=f"^{typo} is no Cluster-Former option; did you mean {meant}\\?$"):
+                load(**{typo: 1})
     assert ClusterFormerConfig(num_hidden_layers=4, cluster_layers=[1]).global_layers == [1]
+    assert ClusterFormerConfig(custom_note="kept").custom_note == "kept"  # other extra values stay transformers'

@@ -1,9 +1,11 @@
 """Configuration of Cluster-Former models: RoBERTa's configuration plus the window and cluster options."""
 
 import dataclasses
+import difflib
 import json
 import os
 import types
+from collections.abc import Iterable
 from typing import Any, Literal, Union, get_args, get_origin
 
 from huggingface_hub.dataclasses import as_validated_field, strict
@@ -154,6 +156,21 @@ def _one_line_ranges(cls: type) -> type:
     return cls
 
 
+def _check_arguments(cls: type, arguments: Iterable[str]) -> None:
+    """`ValueError` for an argument that is a derived property (setting it would fail deep in transformers, the whole
+    config printed) or a misspelt Cluster-Former option (transformers would store it unread)."""
+    own = [*LAYER_KIND_SHORTCUTS[:2], *(name for name in cls.__dataclass_fields__
+                                        if name not in RobertaConfig.__dataclass_fields__)]
+    for name in arguments:
+        if isinstance(read_only := getattr(cls, name, None), property) and read_only.fset is None:
+            raise ValueError(f"{name} is derived from the other fields, not set; "
+                             + ("give cluster_layers (their indices) or layer_kinds (one kind per layer) instead."
+                                if name == "global_layers" else "leave it out."))
+        near = difflib.get_close_matches(name, own, n=1, cutoff=0.8)
+        if near and name not in own and not hasattr(cls, name):
+            raise ValueError(f"{name} is no Cluster-Former option; did you mean {near[0]}?")
+
+
 def _option(default: Any, help: str, field: Any = dataclasses.field) -> Any:
     """A config field with its help text (``metadata["help"]``), made by ``field`` (a validated field's maker)."""
     return field(default=default, metadata={"help": help})
@@ -202,13 +219,8 @@ class ClusterFormerConfig(RobertaConfig):
                                                             "their key projections")
 
     def __post_init__(self, **kwargs):
-        derived = next((name for name in kwargs if isinstance(read_only := getattr(type(self), name, None), property)
-                        and read_only.fset is None), None)
-        if derived is not None:  # setting it would fail deep in transformers, the whole config printed
-            raise ValueError(f"{derived} is derived from the other fields, not set; "
-                             + ("give cluster_layers (their indices) or layer_kinds (one kind per layer) instead."
-                                if derived == "global_layers" else "leave it out."))
         self.layer_kinds = read_layer_kinds(self.num_hidden_layers, self.layer_kinds, kwargs)
+        _check_arguments(type(self), kwargs)
         try:
             super().__post_init__(**kwargs)  # makes a dtype name torch's dtype
         except AttributeError:  # no torch dtype of that name: refused below
@@ -222,6 +234,7 @@ class ClusterFormerConfig(RobertaConfig):
     def from_dict(cls, config_dict: dict, **kwargs):
         """Overrides of the kinds or the depth apply over the stored kinds; a value the config does not take is
         refused in one line naming the file (`ConfigValueError`) or the argument."""
+        _check_arguments(cls, kwargs)
         given = set(kwargs) & {*cls.__dataclass_fields__, *LAYER_KIND_SHORTCUTS}
         spelling = {"layer_kinds", *LAYER_KIND_SHORTCUTS}
         config_dict = dict(config_dict)

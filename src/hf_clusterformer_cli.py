@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.metadata
 import json
 import os
+import platform
 import signal
 import sys
 import time
@@ -553,6 +555,18 @@ def _add_convert(commands: argparse._SubParsersAction, model_options: bool) -> N
         _add_model_option_flags(convert)
 
 
+def version_line() -> str:
+    """``clusterformer X (transformers Y, torch Z, Python V)`` from the installed distributions (no import of them)."""
+    def installed(name: str) -> str:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return "not installed"
+
+    return (f"clusterformer {installed('hf-clusterformer')} (transformers {installed('transformers')}, torch "
+            f"{installed('torch')}, Python {platform.python_version()})")
+
+
 def build_parser(model_options: bool = False) -> argparse.ArgumentParser:
     """The command's parser; ``convert`` gets its model option flags only with ``model_options`` (they load the
     library, which ``clusterformer --help`` and the other commands' usage errors do without)."""
@@ -563,6 +577,8 @@ def build_parser(model_options: bool = False) -> argparse.ArgumentParser:
                "shows progress bars and the libraries' loading reports; -q (--quiet) hides the progress bar of "
                "train and evaluate.",
     )
+    parser.add_argument("--version", action="version", version=version_line(),
+                        help="show the versions of this package, transformers and torch, and exit")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     commands.required = True
 

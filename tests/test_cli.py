@@ -580,13 +580,35 @@ def test_train_with_a_train_file_only_skips_evaluation(workdir, capsys):
     assert "Not evaluated" in (output / "README.md").read_text(encoding="utf-8")
 
 
-def test_help_starts_without_torch_or_transformers():
-    code = ("import sys, hf_clusterformer_cli\n"
-            "try:\n    hf_clusterformer_cli.main(['--help'])\nexcept SystemExit as exit:\n    assert exit.code == 0\n"
+def _fresh_main(option: str) -> tuple[str, str]:
+    """``clusterformer OPTION`` (which exits 0) in a fresh process: its output, and the libraries it imported."""
+    code = (f"import sys, hf_clusterformer_cli\ntry:\n    hf_clusterformer_cli.main([{option!r}])\n"
+            "except SystemExit as exit:\n    assert exit.code == 0\n"
             "print(sorted(m for m in ('torch', 'transformers', 'hf_clusterformer') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    assert "predict" in result.stdout and result.stdout.strip().endswith("[]")
+    output, imported = result.stdout.strip().rsplit("\n", 1)
+    return output, imported
+
+
+def test_help_starts_without_torch_or_transformers():
+    output, imported = _fresh_main("--help")
+    assert "predict" in output and imported == "[]"
+
+
+def test_version_names_the_installed_package_and_its_libraries_without_importing_them():
+    import importlib.metadata
+
+    import torch
+    import transformers
+
+    import hf_clusterformer
+
+    line, imported = _fresh_main("--version")
+    assert line.startswith(f"clusterformer {hf_clusterformer.__version__} (transformers {transformers.__version__}, "
+                           f"torch {torch.__version__}, Python "), line
+    assert importlib.metadata.version("hf-clusterformer") == hf_clusterformer.__version__  # setup.cfg reads it
+    assert imported == "[]"
 
 
 def test_usage_errors_of_predict_inspect_push_and_export_start_without_torch(tmp_path):

@@ -1,4 +1,5 @@
-"""`Trainer` callback that keeps Cluster-Former centroids up to date (paper Algorithm 1).
+"""`Trainer` parts: the callback that keeps Cluster-Former centroids up to date (paper Algorithm 1), and a
+`Trainer` that trains window_cluster layers' zero-started routed projections at a rate of their own.
 
     trainer = Trainer(model=model, args=args, train_dataset=train, callbacks=[CentroidUpdateCallback()])
 
@@ -16,15 +17,16 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_callback import ExportableState
 
 from .centroid_updates import CentroidUpdater, CentroidUpdateSettings, NothingBankedError, find_cluster_routers
 from .kmeans import ClusterStats
+from .modeling_clusterformer import ZeroInitLinear
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CentroidUpdateCallback", "FiniteTrainingCallback"]
+__all__ = ["CentroidUpdateCallback", "FiniteTrainingCallback", "RoutedRateTrainer"]
 
 #: File (one per rank) holding the memory banks inside a checkpoint folder when ``save_memory_bank=True``.
 BANK_FILE = "centroid_memory_bank-rank{rank}.safetensors"
@@ -285,3 +287,44 @@ class FiniteTrainingCallback(TrainerCallback):
                 f"diverged), so no model was saved from this run; lower --learning_rate (it is "
                 f"{args.learning_rate:g}) or check the data, and train again."
             )
+
+
+def zero_started_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    """Name -> parameter of the modules that start at zero (`ZeroInitLinear`, a window_cluster layer's
+    ``routed_output``), named as ``model.named_parameters()`` names them."""
+    return {f"{module_name}.{name}": parameter for module_name, module in model.named_modules()
+            if isinstance(module, ZeroInitLinear) for name, parameter in module.named_parameters()}
+
+
+class RoutedRateTrainer(Trainer):
+    """A `Trainer` whose optimizer trains the zero-started routed projections (`ZeroInitLinear`, a window_cluster
+    layer's ``routed_output``) at ``routed_learning_rate_scale`` times each group's rate; the scheduler follows."""
+
+    def __init__(self, *args: Any, routed_learning_rate_scale: float = 1.0, **kwargs: Any):
+        if not routed_learning_rate_scale > 0:
+            raise ValueError(f"routed_learning_rate_scale must be positive, got {routed_learning_rate_scale}.")
+        if routed_learning_rate_scale != 1 and (kwargs.get("optimizers") or (None,))[0] is not None:
+            raise ValueError("routed_learning_rate_scale applies to the optimizer the Trainer creates; with your own "
+                             "optimizer, give the routed projections (routed_output) a group of their own instead.")
+        super().__init__(*args, **kwargs)
+        self.routed_learning_rate_scale = routed_learning_rate_scale
+
+    def create_optimizer(self, model=None) -> torch.optim.Optimizer:
+        created = self.optimizer is None  # split once, as it is made (a second call returns it as it is)
+        optimizer = super().create_optimizer(model)
+        routed = {id(p) for p in zero_started_parameters(model or self.model).values()}
+        if created and self.routed_learning_rate_scale != 1 and not routed:
+            logger.warning("routed_learning_rate_scale %s changes nothing: the model has no window_cluster layer.",
+                           self.routed_learning_rate_scale)
+        if not created or self.routed_learning_rate_scale == 1 or not routed:
+            return optimizer
+        groups = [{**group, "params": params, "lr": group["lr"] * scale}
+                  for group in optimizer.param_groups
+                  for params, scale in (([p for p in group["params"] if id(p) not in routed], 1.0),
+                                        ([p for p in group["params"] if id(p) in routed],
+                                         self.routed_learning_rate_scale))
+                  if params]
+        optimizer.param_groups.clear()  # no step taken yet: the groups are split, the optimizer's state is empty
+        for group in groups:
+            optimizer.add_param_group(group)
+        return optimizer

@@ -29,7 +29,7 @@ from transformers import (
 from hf_clusterformer_files import RESULT_FILES, check_result_files
 from hf_clusterformer_writing import run_output_dir
 
-from .callback import CentroidUpdateCallback, FiniteTrainingCallback
+from .callback import CentroidUpdateCallback, FiniteTrainingCallback, RoutedRateTrainer
 from .centroid_updates import SMALL_MODEL_CENTROIDS, CentroidUpdateSettings
 from .configuration_clusterformer import (
     LAYER_KIND_SHORTCUTS,
@@ -52,7 +52,6 @@ from .metrics import load_squad_metric
 from .modelcard import run_card_data
 from .modeling_clusterformer import (
     ClusterFormerForQuestionAnswering,
-    ZeroInitLinear,
     check_centroid_memory,
     check_trained,
     locate_question_prefix,
@@ -460,47 +459,6 @@ def load_model(
 
 
 # -- evaluation ---------------------------------------------------------------------------------------------------
-
-
-def zero_started_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
-    """Name -> parameter of the modules that start at zero (`ZeroInitLinear`, a window_cluster layer's
-    ``routed_output``), named as ``model.named_parameters()`` names them."""
-    return {f"{module_name}.{name}": parameter for module_name, module in model.named_modules()
-            if isinstance(module, ZeroInitLinear) for name, parameter in module.named_parameters()}
-
-
-class RoutedRateTrainer(Trainer):
-    """A `Trainer` whose optimizer trains the zero-started routed projections (`ZeroInitLinear`, a window_cluster
-    layer's ``routed_output``) at ``routed_learning_rate_scale`` times each group's rate; the scheduler follows."""
-
-    def __init__(self, *args: Any, routed_learning_rate_scale: float = 1.0, **kwargs: Any):
-        if not routed_learning_rate_scale > 0:
-            raise ValueError(f"routed_learning_rate_scale must be positive, got {routed_learning_rate_scale}.")
-        if routed_learning_rate_scale != 1 and (kwargs.get("optimizers") or (None,))[0] is not None:
-            raise ValueError("routed_learning_rate_scale applies to the optimizer the Trainer creates; with your own "
-                             "optimizer, give the routed projections (routed_output) a group of their own instead.")
-        super().__init__(*args, **kwargs)
-        self.routed_learning_rate_scale = routed_learning_rate_scale
-
-    def create_optimizer(self, model=None) -> torch.optim.Optimizer:
-        created = self.optimizer is None  # split once, as it is made (a second call returns it as it is)
-        optimizer = super().create_optimizer(model)
-        routed = {id(p) for p in zero_started_parameters(model or self.model).values()}
-        if created and self.routed_learning_rate_scale != 1 and not routed:
-            logger.warning("routed_learning_rate_scale %s changes nothing: the model has no window_cluster layer.",
-                           self.routed_learning_rate_scale)
-        if not created or self.routed_learning_rate_scale == 1 or not routed:
-            return optimizer
-        groups = [{**group, "params": params, "lr": group["lr"] * scale}
-                  for group in optimizer.param_groups
-                  for params, scale in (([p for p in group["params"] if id(p) not in routed], 1.0),
-                                        ([p for p in group["params"] if id(p) in routed],
-                                         self.routed_learning_rate_scale))
-                  if params]
-        optimizer.param_groups.clear()  # no step taken yet: the groups are split, the optimizer's state is empty
-        for group in groups:
-            optimizer.add_param_group(group)
-        return optimizer
 
 
 def make_trainer(model, training_args: TrainingArguments, train_features, tokenizer, callbacks: list,

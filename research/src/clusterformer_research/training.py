@@ -111,8 +111,8 @@ def scaled_groups(model: torch.nn.Module, learning_rate: float, scales: Sequence
 
 def zero_started(model: torch.nn.Module) -> Callable[[str], bool]:
     """Whether a parameter name belongs to a module that starts at zero (a window_cluster layer's
-    ``routed_output``: `hf_clusterformer.qa_training.zero_started_parameters`)."""
-    from hf_clusterformer.qa_training import zero_started_parameters
+    ``routed_output``: `hf_clusterformer.callback.zero_started_parameters`)."""
+    from hf_clusterformer.callback import zero_started_parameters
 
     return frozenset(zero_started_parameters(model)).__contains__
 

@@ -377,13 +377,18 @@ def test_squad_answers_whose_text_is_a_string_are_one_line(work, capsys):
 # -- nothing more unless -v; the help, the progress bar and the records say what is done ------------------------------
 
 
-def test_commands_are_quiet_unless_verbose(converted, work):
-    """No progress bars or loading reports by default; the unfitted-centroid warning once; -v shows the rest."""
+def test_commands_are_quiet_unless_verbose(converted, hub_model, work):
+    """No progress bars or loading reports by default; the unfitted-centroid warning once where the routing takes part
+    (a cluster layer; not a converted encoder's window_cluster layer, whose routed path starts closed); -v shows the
+    rest."""
     command = [sys.executable, "-m", "hf_clusterformer_cli", "predict", str(converted), "--question", QUESTION,
                "--context-file", str(work / "context.txt"), "--allow-untrained"]
     quiet = subprocess.run(command, capture_output=True, text=True, env=CHILD_ENV, timeout=180)
-    assert quiet.returncode == 0, quiet.stderr[-2000:]
-    lines = quiet.stderr.strip().splitlines()
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr[-2000:]
+    routed = subprocess.run([*command[:4], str(hub_model), *command[5:]], capture_output=True, text=True,
+                            env=CHILD_ENV, timeout=180)
+    assert routed.returncode == 0, routed.stderr[-2000:]
+    lines = routed.stderr.strip().splitlines()
     assert len(lines) == 1 and "never fitted" in lines[0], lines
     verbose = subprocess.run([*command, "-v"], capture_output=True, text=True, env=CHILD_ENV, timeout=180)
     assert verbose.returncode == 0 and "Loading weights" in verbose.stderr

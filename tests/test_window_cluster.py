@@ -189,3 +189,26 @@ def test_a_pretrained_encoder_gets_window_cluster_layers_unless_kinds_are_named(
 def test_chunk_question_prefix_is_refused_for_window_cluster_layers():
     with pytest.raises(ValueError, match="chunk_question_prefix applies to cluster and lsh layers"):
         tiny_config(**WINDOW_CLUSTER, chunk_question_prefix=True)
+
+
+def test_unfitted_centroids_are_said_only_once_the_routed_path_is_open(caplog, tmp_path):
+    """Row: ``predict`` on a converted RoBERTa checkpoint warned that its centroids were never fitted, although its
+    window_cluster layers' routed path is still closed, so the routing changes nothing."""
+    import logging
+
+    from hf_clusterformer.export import centroids_fitted
+
+    _, model = _pair()
+    ids, mask = _batch()
+    with caplog.at_level(logging.WARNING):
+        model(input_ids=ids, attention_mask=mask)
+    assert "never fitted" not in caplog.text and centroids_fitted(model) == {}
+    with torch.no_grad():
+        model.roberta.encoder.layer[3].routed_output.bias.fill_(0.1)
+    with caplog.at_level(logging.WARNING):
+        model(input_ids=ids, attention_mask=mask)
+        model(input_ids=ids, attention_mask=mask)
+    assert [r.message for r in caplog.records if "never fitted" in r.message] == [
+        "Cluster layer 3 runs with centroids that were never fitted by K-Means; train with "
+        "hf_clusterformer.CentroidUpdateCallback (or CentroidUpdater) first."]
+    assert centroids_fitted(model) == {"3": False}

@@ -230,7 +230,14 @@ def program_metadata(model: ClusterFormerPreTrainedModel) -> dict[str, Any]:
     outputs."""
     return {"config": model.config.to_dict(), "architecture": type(model).__name__, "input_format": model.input_format,
             "inputs": list(input_dims(type(model))), "outputs": output_names(model),
-            "centroids_fitted": {str(i): bool(r.fitted) for i, r in model.cluster_routers().items()}}
+            "centroids_fitted": centroids_fitted(model)}
+
+
+def centroids_fitted(model: ClusterFormerPreTrainedModel) -> dict[str, bool]:
+    """Whether each K-Means layer's centroids were fitted, for the layers whose routing takes part in the outputs (a
+    window_cluster layer whose routed path is still closed takes none)."""
+    layers = model.base_model.encoder.layer
+    return {str(i): bool(r.fitted) for i, r in model.cluster_routers().items() if layers[i].routing_changes_outputs()}
 
 
 def warn_unfitted(fitted: dict, where: str) -> None:
@@ -307,7 +314,7 @@ def export_model(
     if broken:
         raise ExportError(f"the model's weights hold NaN or inf ({len(broken)} tensors: {', '.join(broken[:3])}), so "
                           "its outputs would be meaningless; export an earlier checkpoint, or train it again.")
-    warn_unfitted({str(i): bool(r.fitted) for i, r in model.cluster_routers().items()}, f"the export {out}")
+    warn_unfitted(centroids_fitted(model), f"the export {out}")
     untrained = untrained_weights(model)
     if untrained and not allow_untrained:
         raise ExportError(f"the model's {', '.join(untrained)} were never trained, so its outputs are random; "

@@ -37,6 +37,7 @@ import hashlib
 import math
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -593,8 +594,6 @@ class ClusterRouter(Float32BuffersModule):
 
     def forward(self, states: torch.Tensor, representative: torch.Tensor) -> torch.Tensor:
         """Cluster ids of the representative slots: (B, L, d), (B, L) bool -> (B, L) long, p for the rest."""
-        if not self.training and not (self._warned or self._seen_fitted) and not torch.compiler.is_compiling():
-            self.check_fitted()
         with torch.autocast(device_type=states.device.type, enabled=False):
             unit_states = F.normalize(states.float(), dim=-1)
             unit_centroids = F.normalize(self.centroids.float(), dim=-1)
@@ -602,12 +601,15 @@ class ClusterRouter(Float32BuffersModule):
         return ids.masked_fill(~representative, self.num_clusters)
 
 
-    def check_fitted(self) -> None:
-        """Warn once that the centroids were never fitted. Eval-mode forwards call it (outside compiled code) until
-        it has warned or found them fitted, so reading ``fitted`` back from the device is not a per-forward cost."""
+    def check_fitted(self, routing_matters: Callable[[], bool] = lambda: True) -> None:
+        """Warn once that the centroids were never fitted, if ``routing_matters()``. Its layer's eval-mode forwards
+        call it (outside compiled code); once it has warned or found them fitted it returns at once, so reading
+        ``fitted`` back from the device is not a per-forward cost."""
+        if self._warned or self._seen_fitted:
+            return
         if bool(self.fitted):
             self._seen_fitted = True
-        elif not self._warned:
+        elif routing_matters():
             logger.warning(
                 f"Cluster layer {self.layer_index} runs with centroids that were never fitted by K-Means; "
                 "train with hf_clusterformer.CentroidUpdateCallback (or CentroidUpdater) first."
@@ -823,8 +825,15 @@ class RoutedLayer(ClusterFormerLayer):
     def route(self, flat: torch.Tensor, masks: LayerMasks) -> torch.Tensor:
         """Cluster (bucket) ids of the representative slots by ``config.route_by``: the states themselves or their key
         projections: (B, L, d) -> (B, L) long."""
+        if not self.training and isinstance(self.router, ClusterRouter) and not torch.compiler.is_compiling():
+            self.router.check_fitted(self.routing_changes_outputs)
         routed = flat if self.route_by == "states" else self.attention.self.key(flat)
         return self.router(routed, masks.representative)
+
+    def routing_changes_outputs(self) -> bool:
+        """Whether the routing takes part in the outputs: always, but in a window_cluster layer whose routed path is
+        still closed."""
+        return True
 
     def forward_windows(
         self, states: torch.Tensor, masks: LayerMasks, length: int
@@ -898,6 +907,11 @@ class WindowClusterLayer(RoutedLayer):
     def __init__(self, config: ClusterFormerConfig, layer_idx: int):
         super().__init__(config, layer_idx=layer_idx)
         self.routed_output = ZeroInitLinear(config.hidden_size, config.hidden_size)
+
+    def routing_changes_outputs(self) -> bool:
+        """False while ``routed_output`` is all zero (the layer is its sliding-window layer, whatever the routing);
+        reads it back from the device."""
+        return bool(self.routed_output.weight.any() or self.routed_output.bias.any())
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 routed_context: torch.Tensor | None = None, **kwargs):

@@ -175,6 +175,11 @@ def test_callback_state_is_json_ready_and_validated():
         CentroidUpdateCallback(update_every_steps=0)
     with pytest.raises(ValueError, match="bank_dtype"):
         CentroidUpdateCallback(bank_dtype="float17")
+    # Row: a backend name that does not exist (or no Lloyd iteration) was refused only at the first fit
+    with pytest.raises(ValueError, match="^backend must be 'auto' or one of torch, faiss-cpu, faiss-gpu, got 'cuda'"):
+        CentroidUpdateCallback(backend="cuda")
+    with pytest.raises(ValueError, match="^num_iters must be positive, got 0.$"):
+        CentroidUpdateCallback(num_iters=0)
 
 
 def test_model_without_cluster_layers_trains_untouched(tmp_path, caplog):

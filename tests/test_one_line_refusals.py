@@ -247,6 +247,11 @@ def test_absurd_sizes_are_refused_in_one_line_naming_the_option(tmp_path, capsys
         line = _error(capsys, [*_tiny_train(data), option, value, "--output_dir", str(tmp_path / "out")],
                       f"{option[2:]} must be a positive integer, got {value}")
         assert "bytes" not in line and "valid:" not in line
+    # Row: --centroid_backend cuda was refused only after the data and the model were built, naming "backend"
+    for option, value, words in (("--centroid_backend", "cuda", "must be 'auto' or one of torch"),
+                                 ("--centroid_update_steps", "0", "must be positive"),
+                                 ("--memory_size", "0", "must be positive")):
+        _error(capsys, [*_tiny_train(data), option, value, "--output_dir", str(tmp_path / "out")], f"{option} {words}")
     assert not (tmp_path / "out").exists()
 
 def test_a_sparse_layer_takes_one_cluster():

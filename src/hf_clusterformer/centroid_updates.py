@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from .kmeans import ClusterStats, all_reduce_sum, default_process_group, spherical_kmeans
+from .kmeans import BACKENDS, ClusterStats, all_reduce_sum, default_process_group, faiss_available, spherical_kmeans
 from .modeling_clusterformer import ClusterRouter
 
 __all__ = ["CentroidUpdateSettings", "CentroidUpdater", "NothingBankedError"]
@@ -163,6 +163,12 @@ class CentroidUpdateSettings:
     )
 
     def __post_init__(self) -> None:
+        if self.backend != "auto" and self.backend not in BACKENDS:  # else said only at the first fit, maybe hours in
+            raise ValueError(f"backend must be 'auto' or one of {', '.join(BACKENDS)}, got {self.backend!r}.")
+        if self.backend == "faiss-cpu" and not faiss_available():
+            raise ImportError("backend 'faiss-cpu' needs faiss (pip install faiss-cpu); or use backend='torch'.")
+        if self.num_iters < 1:
+            raise ValueError(f"num_iters must be positive, got {self.num_iters}.")
         positive = ("update_every_epochs", "update_every_steps", "max_capture_per_forward", "max_points_per_centroid")
         for name in positive:
             value = getattr(self, name)

@@ -183,10 +183,17 @@ def _centroid_arguments() -> type:
         """The `CentroidUpdateSettings` these flags describe."""
         return CentroidUpdateSettings(**{name: getattr(self, flag) for flag, name in CENTROID_FLAGS.items()})
 
+    def __post_init__(self) -> None:
+        """A bad value refused as the flags are parsed, in one line naming its flag."""
+        try:
+            self.settings()
+        except (ValueError, ImportError) as error:
+            flag, name = next(((f, n) for f, n in CENTROID_FLAGS.items() if str(error).startswith(f"{n} ")), ("", ""))
+            raise type(error)(f"--{flag}{str(error)[len(name):]}" if flag else str(error)) from None
+
     doc = "When and how the cluster centroids are refitted (CentroidUpdateCallback)."
-    return make_dataclass(
-        "CentroidArguments", columns, namespace={"settings": settings, "__doc__": doc, "__module__": __name__}
-    )
+    namespace = {"settings": settings, "__post_init__": __post_init__, "__doc__": doc, "__module__": __name__}
+    return make_dataclass("CentroidArguments", columns, namespace=namespace)
 
 
 CentroidArguments = _centroid_arguments()

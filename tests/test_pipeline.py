@@ -424,3 +424,28 @@ def test_the_model_finds_the_question_prefix_the_tokenizer_marks(qa, tokenizer):
         sequence_ids = encoding.sequence_ids(0)
         prefix, question, _ = locate_question_prefix(encoding["input_ids"] == encode.sep_token_id)
         assert int(prefix[0]) == sequence_ids.index(1) and int(question[0]) == sequence_ids.count(0)
+
+
+def test_align_to_words_widens_answers_to_whole_words_each_once(qa, model, tokenizer):
+    """Row: ``align_to_words`` (transformers' QA pipeline parameter) was refused as unknown. With it, an answer
+    starting or ending inside a word covers the whole word; spans widened to the same characters are one answer,
+    scored by its best span; without it, answers are the tokens' own characters (as before)."""
+    spans, _, _ = _span_logits(model, tokenizer, QUESTION, CONTEXT, 15)
+    probability = _softmax(spans)
+    words = [(m.start(), m.end()) for m in re.finditer(r"\w+|[^\w\s]", CONTEXT)]
+
+    def widened(a: int, b: int) -> tuple[int, int]:
+        return (next(s for s, e in words if s <= a < e or a < s), next(e for s, e in reversed(words) if s < b <= e))
+
+    best: dict = {}
+    for (a, b), p in sorted(probability.items(), key=lambda item: -item[1]):
+        best.setdefault(widened(a, b), p)
+    assert len(best) < len(probability)  # some answers start or end inside a word here
+    answers = qa(question=QUESTION, context=CONTEXT, top_k=12, align_to_words=True)
+    assert [(a["start"], a["end"]) for a in answers] == list(best)[:12]
+    for a in answers:
+        assert a["score"] == pytest.approx(best[(a["start"], a["end"])], rel=1e-6)
+        assert a["answer"] == CONTEXT[a["start"]:a["end"]]
+    plain = qa(question=QUESTION, context=CONTEXT, top_k=12)
+    assert plain == qa(question=QUESTION, context=CONTEXT, top_k=12, align_to_words=False)
+    assert [(a["start"], a["end"]) for a in plain] == sorted(probability, key=lambda k: -probability[k])[:12]

@@ -81,6 +81,9 @@ class ClusterFormerQuestionAnsweringPipeline(Pipeline):
             softmaxed over the paragraphs.
         long_answer_top_k (`int`, defaults to 1): long answers per example.
         passage_token (`str`, defaults to ``"<p>"``): token that starts a paragraph.
+        align_to_words (`bool`, defaults to `False`): widen an answer that starts or ends inside a word (a sub-word
+            token) to the whole word, as transformers' QA pipeline does by default; spans that widen to the same
+            characters are one answer, with the best span's score. `False`: the tokens' own characters.
 
     A model whose QA head was newly initialised and never trained (recorded by ``clusterformer convert``, see
     `mark_untrained`) is refused with `UntrainedModelError`; ``allow_untrained=True`` at construction allows it.
@@ -137,7 +140,8 @@ class ClusterFormerQuestionAnsweringPipeline(Pipeline):
     def _sanitize_parameters(
         self, top_k: int | None = None, max_answer_len: int | None = None, max_answer_length: int | None = None,
         handle_impossible_answer: bool | None = None, long_answer: bool | None = None,
-        long_answer_top_k: int | None = None, passage_token: str | None = None, **unknown,
+        long_answer_top_k: int | None = None, passage_token: str | None = None, align_to_words: bool | None = None,
+        **unknown,
     ) -> tuple[dict, dict, dict]:
         splitting = [name for name in unknown if name in _SPLITTING_PARAMETERS]
         if splitting:
@@ -165,6 +169,8 @@ class ClusterFormerQuestionAnsweringPipeline(Pipeline):
             postprocess["handle_impossible_answer"] = bool(handle_impossible_answer)
         if long_answer is not None:
             preprocess["long_answer"] = postprocess["long_answer"] = bool(long_answer)
+        if align_to_words is not None:
+            postprocess["align_to_words"] = bool(align_to_words)
         if passage_token is not None:
             preprocess["passage_token"] = passage_token
         return preprocess, {}, postprocess
@@ -207,7 +213,8 @@ class ClusterFormerQuestionAnsweringPipeline(Pipeline):
         paragraphs = (
             self._paragraphs(context, offsets, sequence_ids, token_ids, passage_token) if long_answer else None
         )
-        model_inputs.update(context=context, offsets=offsets, candidate=candidate, paragraphs=paragraphs)
+        model_inputs.update(context=context, offsets=offsets, candidate=candidate, paragraphs=paragraphs,
+                            word_spans=_word_spans(offsets, sequence_ids, encoding.word_ids(0)))
         return model_inputs
 
     def _forward(self, model_inputs: dict) -> dict:
@@ -224,28 +231,30 @@ class ClusterFormerQuestionAnsweringPipeline(Pipeline):
 
     def postprocess(
         self, model_outputs: dict, top_k: int = 1, max_answer_len: int = 15, handle_impossible_answer: bool = False,
-        long_answer: bool = False, long_answer_top_k: int = 1,
+        long_answer: bool = False, long_answer_top_k: int = 1, align_to_words: bool = False,
     ) -> dict | list[dict]:
         """Rank answer spans (and paragraphs) of one example; see the class docstring."""
         length = len(model_outputs["offsets"])
         start = model_outputs["start_logits"][0, :length].double()  # (T,)
         end = model_outputs["end_logits"][0, :length].double()  # (T,)
         answerable = model_outputs.get("answerable_logits")
-        answers = rank_spans(
-            start, end, torch.tensor(model_outputs["candidate"]), max_answer_len=max_answer_len, top_k=top_k,
-            handle_impossible_answer=handle_impossible_answer,
-            answerable_logits=answerable[0].double() if answerable is not None else None,
-        )
-        context, offsets = model_outputs["context"], model_outputs["offsets"]
-        short = []
-        for score, first, last in answers:
-            if first < 0:
-                short.append({"score": score, "start": 0, "end": 0, "answer": ""})
-            else:
-                char_start, char_end = offsets[first][0], offsets[last][1]
-                short.append(
-                    {"score": score, "start": char_start, "end": char_end, "answer": context[char_start:char_end]}
-                )
+        context = model_outputs["context"]
+        spans = model_outputs["word_spans"] if align_to_words else model_outputs["offsets"]
+        wanted = top_k
+        while True:  # spans widened to the same words are one answer: rank more until top_k distinct ones (or all)
+            answers = rank_spans(
+                start, end, torch.tensor(model_outputs["candidate"]), max_answer_len=max_answer_len, top_k=wanted,
+                handle_impossible_answer=handle_impossible_answer,
+                answerable_logits=answerable[0].double() if answerable is not None else None,
+            )
+            best: dict[tuple[int, int], float] = {}  # (start, end) characters -> the best of its spans' scores
+            for score, first, last in answers:
+                best.setdefault((0, 0) if first < 0 else (spans[first][0], spans[last][1]), score)
+            if len(best) >= top_k or len(answers) < wanted:
+                break
+            wanted *= 4
+        short = [{"score": score, "start": a, "end": b, "answer": context[a:b]}
+                 for (a, b), score in list(best.items())[:top_k]]
         if not long_answer:
             return short[0] if top_k == 1 else short
         paragraph_logits = model_outputs["start_logits"][0, :length].double()
@@ -395,6 +404,18 @@ def rank_paragraphs(
         }
         for score, index in zip(best.values, best.indices)
     ]
+
+
+def _word_spans(offsets: list[tuple[int, int]], sequence_ids: list[int | None], word_ids: list[int | None]
+                ) -> list[tuple[int, int]]:
+    """Per token, the characters of the whole context word it belongs to (its own offsets outside the context)."""
+    words: dict[int, tuple[int, int]] = {}
+    for (start, end), sequence, word in zip(offsets, sequence_ids, word_ids):
+        if sequence == 1 and word is not None and end > start:
+            first, last = words.get(word, (start, end))
+            words[word] = (min(first, start), max(last, end))
+    return [words.get(word, span) if sequence == 1 and word is not None else span
+            for span, sequence, word in zip(offsets, sequence_ids, word_ids)]
 
 
 def _paragraphs(

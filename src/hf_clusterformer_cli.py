@@ -30,7 +30,6 @@ from hf_clusterformer_cli_support import (
     expand_home,
     expand_home_options,
 )
-from hf_clusterformer_files import TOKENIZER_FILES
 from hf_clusterformer_heads import architectures_task, find_head, head_names, head_tasks
 from hf_clusterformer_sources import check_local_source
 
@@ -187,11 +186,6 @@ def _load_qa_model(path: str, max_context_length: int | None = None, command: st
     options = {} if max_context_length is None else {"max_context_length": max_context_length}
     try:
         model = load_qa_model(path, **options)
-        if os.path.isdir(path) and not any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES):
-            raise CommandError(
-                f"no tokenizer files in {path} (such as tokenizer.json); save the tokenizer into it with "
-                "tokenizer.save_pretrained, or write the checkpoint with `clusterformer convert`."
-            )
         tokenizer = load_tokenizer(path)
         check_tokenizer_fits(tokenizer, model.config, path)
     except SafetensorError as error:

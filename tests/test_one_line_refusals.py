@@ -279,7 +279,7 @@ def test_context_file_from_standard_input_and_a_folder(converted, work, capsys, 
     _error(capsys, ["predict", str(converted), "--question", QUESTION, "--context-file", str(work)],
            str(work), "is a folder")
 
-def test_card_of_a_missing_folder_and_a_checkpoint_without_tokenizer(work, converted, capsys):
+def test_card_of_a_missing_folder_and_a_checkpoint_without_tokenizer(work, converted, capsys, caplog):
     _error(capsys, ["card", str(work / "nope")], "nope does not exist")
     bare = work / "bare"
     bare.mkdir()
@@ -287,6 +287,17 @@ def test_card_of_a_missing_folder_and_a_checkpoint_without_tokenizer(work, conve
         (bare / name).write_bytes((converted / name).read_bytes())
     _error(capsys, ["predict", str(bare), "--question", QUESTION, "--context-file", str(work / "context.txt")],
            f"no tokenizer files in {bare}")
+    # Row: the pipeline said "Couldn't instantiate the backend tokenizer ... sentencepiece or tiktoken" instead
+    with pytest.raises(ValueError, match=f"^no tokenizer files in {bare} \\(such as tokenizer.json\\); save"):
+        hf_clusterformer.pipeline(model=str(bare), allow_untrained=True)
+    import logging
+
+    from hf_clusterformer.conversion import convert_checkpoint
+
+    with caplog.at_level(logging.WARNING):
+        convert_checkpoint(bare, work / "bare-converted")
+    assert f"{bare} holds no tokenizer files; the checkpoint is written without one (give tokenizer=" in caplog.text
+    assert not (work / "bare-converted" / "tokenizer.json").exists()
 
 def test_pipeline_says_bytes(converted):
     qa = hf_clusterformer.pipeline(model=str(converted), allow_untrained=True)

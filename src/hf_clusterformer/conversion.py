@@ -406,10 +406,11 @@ def _conversion_tokenizer(
     one whose files are there must load)."""
     try:
         return load_tokenizer(tokenizer if tokenizer is not None else src, **hub_kwargs)
-    except ValueError as error:
+    except ValueError:
         if tokenizer is not None or any(os.path.isfile(os.path.join(src, name)) for name in TOKENIZER_FILES):
             raise  # one named, or one whose files are there, must load: a model is never written without it
-        logger.warning(f"No tokenizer loaded from {src} ({error}); the checkpoint is written without one.")
+        logger.warning(f"{src} holds no tokenizer files; the checkpoint is written without one (give tokenizer= a "
+                       "tokenizer folder to include it).")
         return None
 
 

@@ -22,7 +22,7 @@ from transformers import AutoModelForQuestionAnswering, Pipeline
 from transformers.pipelines import PIPELINE_REGISTRY
 
 import hf_clusterformer_heads
-from hf_clusterformer_files import TOKENIZER_READS, library_files
+from hf_clusterformer_files import TOKENIZER_FILES, TOKENIZER_READS, library_files
 from hf_clusterformer_heads import find_head
 from hf_clusterformer_sources import check_local_source
 
@@ -90,6 +90,9 @@ def load_tokenizer(path: str | os.PathLike, **kwargs: Any) -> Any:
     files of the user's that it read beside the model's own (a stray ``added_tokens.json``) and the fix."""
     from transformers import AutoTokenizer
 
+    if os.path.isdir(path) and not any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES):
+        raise ValueError(f"no tokenizer files in {path} (such as tokenizer.json); save the tokenizer into it with "
+                         "tokenizer.save_pretrained, or write the checkpoint with `clusterformer convert`.")
     try:
         return AutoTokenizer.from_pretrained(path, **kwargs)
     except Exception as error:  # a damaged tokenizer file raises whatever its parser meets (TypeError, KeyError, ...)

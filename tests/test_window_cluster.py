@@ -174,6 +174,9 @@ def test_a_pretrained_encoder_gets_window_cluster_layers_unless_kinds_are_named(
     options = dict(window_size=32, window_stride=24, max_question_length=16, num_clusters=4)
     model = load_qa_model(source, **options)
     assert model.config.layer_kinds == ["sliding"] * 4 + ["window_cluster"] * 2
+    # Row: load_qa_model (train, evaluate) recorded the zero-started routed projections as an untrained QA head
+    assert untrained_weights(model) == []
+    check_trained(model)
     model.save_pretrained(tmp_path / "saved")
     saved = json.loads((tmp_path / "saved" / "config.json").read_text(encoding="utf-8"))
     assert PRETRAINED_ENCODER not in saved and saved["layer_kinds"] == model.config.layer_kinds

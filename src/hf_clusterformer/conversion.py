@@ -495,7 +495,7 @@ def load_qa_model(
                     path, output_loading_info=True, **hub_kwargs, **options)
             except RuntimeError as error:  # transformers' size-mismatch report
                 raise _shapes_error(path, {**hub_kwargs, **options}) from error
-            new = [key for key in info["missing_keys"] if ".router." not in key]
+            new = drawn_weights(info["missing_keys"])  # not the routers' nor the zero-started routed projections
     mark_untrained(model, sorted(set(new) | set(untrained_weights(model))))
     return model
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import main_error as _error
-from helpers import tiny_config, tiny_roberta
+from helpers import one_line_error, run_command, tiny_config, tiny_roberta
 from huggingface_hub import metadata_load
 from remote_code_helpers import HIDE_PACKAGE
 from transformers import (
@@ -128,6 +129,12 @@ def test_a_head_the_source_lacks_is_refused_unless_allowed(converted, sources, w
     _error(capsys, ["convert", str(plain), str(out), *SMALL],
            f"{plain} has no question-answering head: qa_outputs.bias, qa_outputs.weight would be new, untrained",
            "--allow-untrained")
+    # Row: the console printed the model's "this head was drawn at random ... fine-tune it first" above the refusal
+    one_line_error(run_command("convert", str(plain), str(out), *SMALL), "has no question-answering head")
+    allowed = run_command("convert", str(plain), str(out), *SMALL, "--allow-untrained")
+    assert allowed.returncode == 0 and allowed.stderr == "", allowed.stderr[-2000:]
+    assert "newly initialised (train before use): qa_outputs.bias, qa_outputs.weight" in allowed.stdout
+    shutil.rmtree(out)
     _error(capsys, ["convert", str(plain), str(out), *SMALL, "--task", "fill-mask"], "has no masked-LM head",
            "lm_head.", "--allow-untrained")
     # a RoBERTa masked-LM checkpoint: question answering by default, and the message names the head it has

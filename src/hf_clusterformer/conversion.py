@@ -6,9 +6,10 @@ the given options, check it (position budget, centroid memory, tensor shapes), t
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
@@ -33,6 +34,7 @@ from .configuration_clusterformer import (
 from .hub import save_for_hub
 from .loading import check_checkpoint_source, load_tokenizer
 from .modeling_clusterformer import (
+    DRAWN_HEAD_RECORD,
     ClusterFormerForQuestionAnswering,
     drawn_weights,
     mark_untrained,
@@ -427,6 +429,22 @@ def _merged_config(values: Mapping[str, Any], options: Mapping[str, Any]) -> Clu
     return ClusterFormerConfig.from_dict(dict(values), **options)
 
 
+@contextlib.contextmanager
+def _drawn_head_said_here() -> Iterator[None]:
+    """Drop the modeling file's warning of a head drawn at load: conversion and `load_qa_model` record the head and
+    say it themselves (refused, returned, or printed by the command line)."""
+    modeling_logger = logging.getLogger(modeling_clusterformer.__name__)
+
+    def drop(record: logging.LogRecord) -> bool:
+        return not getattr(record, DRAWN_HEAD_RECORD, False)
+
+    modeling_logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        modeling_logger.removeFilter(drop)
+
+
 def _converted_model(
     src, source, tokenizer, options, hub_kwargs, heads: ConversionHeads
 ) -> tuple[PreTrainedModel, list[str]]:
@@ -441,9 +459,10 @@ def _converted_model(
     config = _merged_config({**values, PRETRAINED_ENCODER: source.model_type in ("roberta", "bert")}, options)
     if state is None:
         # centroids saved for another cluster layout start afresh (seeded, not fitted)
-        model, info = model_class.from_pretrained(
-            src, config=config, output_loading_info=True, ignore_mismatched_sizes=True, **hub_kwargs
-        )
+        with _drawn_head_said_here():
+            model, info = model_class.from_pretrained(
+                src, config=config, output_loading_info=True, ignore_mismatched_sizes=True, **hub_kwargs
+            )
         mismatched = [key for key, *_ in info["mismatched_keys"]]
         other_head = [k for k in mismatched if heads.other is not None and not k.startswith("roberta.")]
         stray = [key for key in mismatched if ".router." not in key and key not in other_head]
@@ -491,8 +510,9 @@ def load_qa_model(
             model, new = _converted_model(path, source, tokenizer, options, hub_kwargs, heads)
         else:
             try:
-                model, info = ClusterFormerForQuestionAnswering.from_pretrained(
-                    path, output_loading_info=True, **hub_kwargs, **options)
+                with _drawn_head_said_here():
+                    model, info = ClusterFormerForQuestionAnswering.from_pretrained(
+                        path, output_loading_info=True, **hub_kwargs, **options)
             except RuntimeError as error:  # transformers' size-mismatch report
                 raise _shapes_error(path, {**hub_kwargs, **options}) from error
             new = drawn_weights(info["missing_keys"])  # not the routers' nor the zero-started routed projections

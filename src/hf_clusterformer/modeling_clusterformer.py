@@ -1211,6 +1211,10 @@ class _HeldLoadReport:
             self.logger.handle(record)
 
 
+#: Marks the log record of a head drawn at load (`_record_new_weights`), for callers that say it themselves to drop.
+DRAWN_HEAD_RECORD = "clusterformer_drawn_head"
+
+
 def _record_new_weights(model: nn.Module, missing_keys) -> None:
     """Record the parameters `from_pretrained` initialised because the checkpoint lacks them (`drawn_weights`)
     as untrained in ``model.config`` (`mark_untrained`), with those recorded before that are still untrained, so that
@@ -1227,7 +1231,8 @@ def _record_new_weights(model: nn.Module, missing_keys) -> None:
         logger.warning(
             f"{type(model).__name__}: the checkpoint has no weights for {', '.join(head[:4])}"
             f"{', ...' if len(head) > 4 else ''}, so this head was drawn at random and its outputs mean nothing until "
-            "it is trained; fine-tune it first, or load the class of the checkpoint's own head."
+            "it is trained; fine-tune it first, or load the class of the checkpoint's own head.",
+            extra={DRAWN_HEAD_RECORD: True},
         )
 
 

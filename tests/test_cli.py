@@ -266,6 +266,12 @@ def test_convert_roberta_checkpoint(roberta_qa, workdir, capsys):
                  "--num-clusters", "4", "--window-size", "32", "--window-stride", "24", "--max-question-length",
                  "16"]) == 0
     assert "(layers ['sliding', 'cluster'], 4 clusters" in capsys.readouterr().out
+    # Row: the flag's help promised one kind per layer, but a second kind was an "unrecognized argument"
+    per_layer = workdir / "per-layer"
+    assert main(["convert", str(roberta_qa), str(per_layer), "--cluster-layers", "0", "1", "--global-layer-type",
+                 "lsh", "cluster", "--num-clusters", "4", "--window-size", "32", "--window-stride", "24",
+                 "--max-question-length", "16"]) == 0
+    assert "(layers ['lsh', 'cluster'], 4 clusters" in capsys.readouterr().out
 
     retyped = workdir / "retyped"  # layer kinds replace a Cluster-Former source's placement
     argv = ["convert", str(target), str(retyped), "--layer-kinds", "sliding", "lsh", "--no-use-answerability-head"]

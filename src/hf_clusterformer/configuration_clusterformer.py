@@ -68,7 +68,7 @@ def read_layer_kinds(depth: int, kinds: list[str] | None, arguments: dict, store
     own = [base[i] for i in kept]
     kept_kind = own[0] if len(set(own)) == 1 else own if layers == kept else DEFAULT_GLOBAL_LAYER_TYPE
     kind = given.get("global_layer_type", kept_kind)
-    spelt = [kind] * len(layers) if isinstance(kind, str) else list(kind)
+    spelt = [kind] * len(layers) if isinstance(kind, str) else list(kind) * (len(layers) if len(kind) == 1 else 1)
     unknown = [k for k in spelt if k not in GLOBAL_LAYER_TYPES]
     if unknown:
         raise ValueError(f"global_layer_type {unknown[0]!r} is unknown; choose from {GLOBAL_LAYER_TYPES}.")

@@ -100,7 +100,7 @@ _SHORTCUT_OPTIONS = (
     ModelOption("global_layer_type", str | list[str] | None, None,
                 "the kind of each of cluster_layers, one for all or one per entry; shortcut for layer_kinds, default "
                 f"{PRETRAINED_GLOBAL_LAYER_TYPE} for a RoBERTa/BERT source (at first its reader exactly), "
-                f"{DEFAULT_GLOBAL_LAYER_TYPE} for a new model", str, False, GLOBAL_LAYER_TYPES),
+                f"{DEFAULT_GLOBAL_LAYER_TYPE} for a new model", str, True, GLOBAL_LAYER_TYPES),
 )
 
 

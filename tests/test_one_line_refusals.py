@@ -411,7 +411,8 @@ def test_commands_are_quiet_unless_verbose(converted, hub_model, work):
 
 def test_export_is_quiet_unless_verbose(hub_model, tmp_path, capsys, caplog):
     """Row: ``export`` printed torch.onnx's notes on skipped torchvision ops and a FutureWarning of torch's
-    internals (and "(None: ...)" for a format taken from the suffix). `quiet_exporters` (around every
+    internals (and "(None: ...)" for a format taken from the suffix); ``--quantize int8`` onnxruntime's advice to
+    pre-process. `quiet_exporters` (around every
     `export_model`) hides both unless the ``torch.onnx`` logger's level was set, as ``-v`` sets it for the export."""
     import logging
     import warnings
@@ -425,13 +426,14 @@ def test_export_is_quiet_unless_verbose(hub_model, tmp_path, capsys, caplog):
             with quiet_exporters():
                 logging.getLogger("torch.onnx._internal.exporter._registration").warning("torchvision is missing.")
                 warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated", FutureWarning, stacklevel=1)
-        return [r.getMessage() for r in caplog.records if r.name.startswith("torch.onnx")] + [
+                logging.warning("Please consider to run pre-processing before quantization. Refer to example: ...")
+        return [r.getMessage() for r in caplog.records if r.name.startswith("torch.onnx") or r.name == "root"] + [
             str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
 
     assert notes_of_a_block() == []
     logging.getLogger("torch.onnx").setLevel(logging.INFO)
     try:
-        assert len(notes_of_a_block()) == 2
+        assert len(notes_of_a_block()) == 3
     finally:
         logging.getLogger("torch.onnx").setLevel(logging.NOTSET)
     out = tmp_path / "model.onnx"

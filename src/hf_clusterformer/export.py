@@ -326,19 +326,26 @@ def export_model(
 @contextlib.contextmanager
 def quiet_exporters() -> Iterator[None]:
     """Hide the exporters' notes for the block (torch.onnx's torchvision ops it skips, FutureWarnings of torch's
-    internals), unless the ``torch.onnx`` logger's level was set (``logging.getLogger("torch.onnx").setLevel(...)``
-    shows them)."""
+    internals, onnxruntime's root-logger advice to pre-process before quantising: int8 is measured without it,
+    bench/export_f1.py), unless the ``torch.onnx`` logger's level was set (``logging.getLogger("torch.onnx")
+    .setLevel(...)`` shows them)."""
     logger = logging.getLogger("torch.onnx")
     if logger.level != logging.NOTSET:
         yield
         return
+
+    def not_advice(record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Please consider to run pre-processing before quantization")
+
     logger.setLevel(logging.ERROR)
+    logging.getLogger().addFilter(not_advice)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
             yield
     finally:
         logger.setLevel(logging.NOTSET)
+        logging.getLogger().removeFilter(not_advice)
 
 
 def _export_target(out: str | os.PathLike, format: str | None, quantize: str | None, overwrite: bool

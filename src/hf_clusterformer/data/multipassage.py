@@ -48,7 +48,8 @@ def read_squad(path: str | os.PathLike[str]) -> dict[str, Any]:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(
-            f"SQuAD file not found: {path} (set ${SQUAD_PATH_ENV} to its location)"
+            f"SQuAD file not found: {path}; give the SQuAD v1.1 dev file (dev-v1.1.json, plain or zipped) with "
+            f"--squad_path (squad_zip_path= in Python) or ${SQUAD_PATH_ENV}"
         )
     if zipfile.is_zipfile(path):
         with zipfile.ZipFile(path) as archive:

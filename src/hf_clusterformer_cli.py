@@ -242,6 +242,9 @@ def _cmd_train(argv: list[str], evaluate_only: bool, quiet: bool = False) -> int
     model_path = _option_value(argv, "model_name_or_path")
     if evaluate_only and model_path is None:
         raise CommandError("evaluate needs --model_name_or_path (a trained Cluster-Former checkpoint).")
+    if evaluate_only and "__do_train" in given:
+        raise CommandError("evaluate does not train: leave --do_train out, or use `clusterformer train` (which "
+                           "evaluates too when validation data is given).")
     if model_path is not None:
         check_model_path(model_path, "--model_name_or_path")
     # Evaluate when there is validation data: a --train_file alone means training only.
@@ -687,6 +690,9 @@ def _main(argv: list[str]) -> int:
             return 130 if pending else 0
         print(f"clusterformer: {' '.join(str(error).split()) or 'interrupted; nothing was written'}", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`... | head`): what it took was printed; no traceback at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

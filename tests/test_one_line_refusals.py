@@ -513,3 +513,38 @@ def test_inspect_says_when_nothing_was_routed_and_shows_small_shares():
     shared, pairs, chance = report.repeated_token_colocation()
     assert shared == 0 and pairs > 0 and chance == pytest.approx(1 / 400)
     assert report.format().splitlines()[-1].endswith(f"0 of {pairs} pairs (0%; 0.25% if chunks were drawn at random)")
+
+
+def test_training_flags_that_cannot_work_are_one_line_and_files_are_read_whole(tmp_path, capsys):
+    """Rows of a first-use trial: --eval_strategy steps said "you didn't pass an eval_dataset" (it was passed);
+    --max_answer_length 0 reached torch.cat(); a --max_seq_length shorter than a question was a tokenizers traceback;
+    ``evaluate --do_train`` trained and wrote a model; a file of 230 records was evaluated on its first 200 (the built
+    set's default cap) without a word."""
+    data = _qa_file(tmp_path / "train.jsonl", 3)
+    out = str(tmp_path / "out")
+    cases = [(["--eval_strategy", "steps", "--eval_steps", "1"], "--eval_strategy steps: this command evaluates once"),
+             (["--max_answer_length", "0"], "--max_answer_length must be at least 1, got 0."),
+             (["--max_seq_length", "8"], "--max_seq_length 8 leaves no room for a context after the questions")]
+    for flags, words in cases:
+        _error(capsys, [*_tiny_train(data), "--max_steps", "1", *flags, "--output_dir", out], words)
+    _error(capsys, ["evaluate", "--model_name_or_path", str(tmp_path), "--validation_file", str(data), "--do_train"],
+           "evaluate does not train")
+    assert not (tmp_path / "out").exists()
+    whole = _qa_file(tmp_path / "validation.jsonl", 230)
+    argv = [*_tiny_train(data), "--validation_file", str(whole), "--do_eval", "True", "--max_steps", "1",
+            "--output_dir", out]
+    assert main(argv) == 0
+    assert json.loads((tmp_path / "out" / "all_results.json").read_text())["metrics"]["eval_samples"] == 230
+
+
+def test_a_reader_that_stops_early_ends_predict_without_a_traceback(converted, tmp_path):
+    """Row: ``clusterformer predict ... --top-k 1000 | head -1`` printed a BrokenPipeError traceback."""
+    (tmp_path / "long.txt").write_text(" ".join([CONTEXT] * 10), encoding="utf-8")  # answers beyond a pipe's buffer
+    command = [sys.executable, "-m", "hf_clusterformer_cli", "predict", str(converted), "--question", QUESTION,
+               "--context-file", str(tmp_path / "long.txt"), "--allow-untrained", "--top-k", "5000"]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=CHILD_ENV) as child:
+        first = child.stdout.readline()
+        child.stdout.close()
+        error = child.stderr.read().decode()
+        assert child.wait(timeout=180) == 141
+    assert first.startswith(b"1. ") and "Traceback" not in error and "BrokenPipe" not in error, error

@@ -7,8 +7,9 @@ its own windowing. Answers become token start/end positions through offset mappi
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -302,3 +303,17 @@ def postprocess_predictions(
         detail = best.get(example_id, {"text": "", "start": 0, "end": 0, "score": float("-inf")})
         results[example_id] = detail if return_details else detail["text"]
     return results
+
+
+@contextlib.contextmanager
+def question_fits(examples: Any, tokenizer: Any, max_seq_length: int) -> Iterator[None]:
+    """Tokenizing ``examples`` at ``max_seq_length``: the tokenizer's refusal to cut a question (the context is what
+    is cut) said in one line naming the flag and the longest question."""
+    try:
+        yield
+    except Exception as error:
+        if "Truncation error" not in str(error):
+            raise
+        longest = max(len(ids) for ids in tokenizer(list(examples["question"]))["input_ids"])
+        raise ValueError(f"--max_seq_length {max_seq_length} leaves no room for a context after the questions (the "
+                         f"longest is {longest} tokens with its special tokens); raise --max_seq_length.") from None

@@ -45,6 +45,7 @@ from .features import (
     postprocess_predictions,
     prepare_train_features,
     prepare_validation_features,
+    question_fits,
 )
 from .hub import write_checkpoint
 from .loading import load_tokenizer as load_saved_tokenizer
@@ -62,6 +63,9 @@ logger = logging.getLogger(__name__)
 #: Data sets this command generated before it read SQuAD-format files only: `load_raw_datasets` says where they went.
 FORMER_GENERATED = ("longrange", "local", "mention", "twin")
 
+
+#: Examples built of the multi-passage set per split, unless --train_samples / --eval_samples say (files: all rows).
+BUILT_SAMPLES = {"train": 2000, "validation": 200}
 
 #: run_qa's notes on a model option's default (where it differs from the config's).
 _DEFAULT_NOTES = {"max_context_length": "--max_seq_length"}
@@ -144,10 +148,12 @@ class DataArguments:
     train_file: str | None = field(default=None, metadata={"help": "SQuAD-format json/jsonl training file."})
     validation_file: str | None = field(default=None, metadata={"help": "SQuAD-format json/jsonl validation file."})
     squad_path: str | None = field(default=None, metadata={"help": "SQuAD v1.1 json/zip for squad-multipassage."})
-    train_samples: int = field(default=2000, metadata={"help": "Built training examples (squad-multipassage), or a "
-                                                                "cap on the files' and Hub data's (0: all)."})
-    eval_samples: int = field(default=200, metadata={"help": "Built validation examples (squad-multipassage), or a "
-                                                              "cap on the files' and Hub data's (0: all)."})
+    train_samples: int | None = field(default=None, metadata={"help": "Training examples built (squad-multipassage, "
+                                                                      "default 2000), or a cap on the files' and Hub "
+                                                                      "data's (default: all)."})
+    eval_samples: int | None = field(default=None, metadata={"help": "Validation examples built (squad-multipassage, "
+                                                                     "default 200), or a cap on the files' and Hub "
+                                                                     "data's (default: all)."})
     context_tokens_min: int = field(default=2000, metadata={"help": "squad-multipassage: shortest built context "
                                                                      "(approximate tokens)."})
     context_tokens_max: int = field(default=8000, metadata={"help": "squad-multipassage: longest built context "
@@ -157,6 +163,15 @@ class DataArguments:
                                                                 "longer contexts are cut, with a warning (default: "
                                                                 "the model's own limit; 16384 from scratch)."})
     max_answer_length: int = field(default=30, metadata={"help": "Longest answer in tokens."})
+
+    def __post_init__(self) -> None:
+        """A count out of range refused as the flags are parsed, in one line naming its flag."""
+        least = {"max_answer_length": 1, "max_seq_length": 1, "train_samples": 0, "eval_samples": 0,
+                 "context_tokens_min": 1, "context_tokens_max": 1}
+        for name, minimum in least.items():
+            value = getattr(self, name)
+            if value is not None and value < minimum:
+                raise ValueError(f"--{name} must be at least {minimum}, got {value}.")
 
 
 #: run_qa flag -> the `CentroidUpdateSettings` option it sets (defaults and help come from the settings).
@@ -395,15 +410,17 @@ def load_raw_datasets(data: DataArguments) -> datasets.DatasetDict:
             "the research package of the hf-clusterformer repository) and pass --train_file / --validation_file."
         )
     elif data.dataset == "squad-multipassage":
+        train_samples = BUILT_SAMPLES["train"] if data.train_samples is None else data.train_samples
+        eval_samples = BUILT_SAMPLES["validation"] if data.eval_samples is None else data.eval_samples
         built = load_multipassage_dataset(
             data.squad_path,
-            num_examples=data.train_samples + data.eval_samples,
+            num_examples=train_samples + eval_samples,
             seed=data.dataset_seed,
             context_tokens=(data.context_tokens_min, data.context_tokens_max),
         )
         splits = {
-            "train": built.select(range(data.train_samples)),
-            "validation": built.select(range(data.train_samples, len(built))),
+            "train": built.select(range(train_samples)),
+            "validation": built.select(range(train_samples, len(built))),
         }
     else:
         loaded = datasets.load_dataset(data.dataset)
@@ -512,13 +529,14 @@ def predict_answers(
     data: DataArguments,
 ) -> tuple[dict[str, str], dict[str, float]]:
     """Answer texts by example id, and the SQuAD EM/F1 of them (percentages)."""
-    features = examples.map(
-        prepare_validation_features,
-        batched=True,
-        remove_columns=examples.column_names,
-        fn_kwargs={"tokenizer": tokenizer, "max_length": data.max_seq_length},
-        desc="Tokenizing validation",
-    )
+    with question_fits(examples, tokenizer, data.max_seq_length):
+        features = examples.map(
+            prepare_validation_features,
+            batched=True,
+            remove_columns=examples.column_names,
+            fn_kwargs={"tokenizer": tokenizer, "max_length": data.max_seq_length},
+            desc="Tokenizing validation",
+        )
     check_question_lengths(features, trainer.model.config, "validation")
     cut = sum(len(ids) >= data.max_seq_length for ids in features["input_ids"])
     if cut:
@@ -577,11 +595,12 @@ def run(
 def _train_features(raw_train: Any, tokenizer: Any, data_args: Any, model: Any, metrics: dict[str, Any]) -> Any:
     """The training set as features (one per example, answers as token positions), its question lengths checked;
     ``metrics["train_answers_truncated"]`` counts the answers lost to ``--max_seq_length``."""
-    train_features = raw_train.map(
-        prepare_train_features, batched=True, remove_columns=raw_train.column_names,
-        fn_kwargs={"tokenizer": tokenizer, "max_length": data_args.max_seq_length, "stats": {}},
-        load_from_cache_file=False, desc="Tokenizing training",
-    )
+    with question_fits(raw_train, tokenizer, data_args.max_seq_length):
+        train_features = raw_train.map(
+            prepare_train_features, batched=True, remove_columns=raw_train.column_names,
+            fn_kwargs={"tokenizer": tokenizer, "max_length": data_args.max_seq_length, "stats": {}},
+            load_from_cache_file=False, desc="Tokenizing training",
+        )
     check_question_lengths(train_features, model.config, "training")
     truncated = sum(train_features["answer_truncated"])
     if truncated:
@@ -591,17 +610,27 @@ def _train_features(raw_train: Any, tokenizer: Any, data_args: Any, model: Any, 
     return train_features.remove_columns(["answer_truncated"])
 
 
+def check_run_plan(training_args: TrainingArguments, raw: datasets.DatasetDict) -> None:
+    """`ValueError` (one line) for a plan this command cannot carry out: training or evaluating without the data, or
+    the Trainer's evaluation during training (this command scores EM/F1 once, after it)."""
+    strategy = str(training_args.eval_strategy).rsplit(".", 1)[-1].lower()
+    if strategy != "no":
+        raise ValueError(f"--eval_strategy {strategy}: this command evaluates once, after training, on the validation "
+                         "data (EM/F1; --do_eval), not during it; leave --eval_strategy (and "
+                         "--load_best_model_at_end) out.")
+    if training_args.do_train and "train" not in raw:
+        raise ValueError("--do_train needs training data: give --train_file or a dataset with a train split.")
+    if training_args.do_eval and "validation" not in raw:
+        raise ValueError("--do_eval needs validation data: give --validation_file or a dataset with a validation "
+                         "split.")
+
+
 def _run(model_args, data_args, centroid_args, training_args, callbacks, name: str) -> dict[str, Any]:
     start = time.time()
     if training_args.dataloader_pin_memory and not torch.cuda.is_available():
         training_args.dataloader_pin_memory = False  # pinned memory needs an accelerator; torch warns each epoch
     raw = load_raw_datasets(data_args)
-    if training_args.do_train and "train" not in raw:
-        raise ValueError("--do_train needs training data: give --train_file or a dataset with a train split.")
-    if training_args.do_eval and "validation" not in raw:
-        raise ValueError(
-            "--do_eval needs validation data: give --validation_file or a dataset with a validation split."
-        )
+    check_run_plan(training_args, raw)
     tokenizer = load_tokenizer(model_args, data_args, raw, training_args.output_dir)
     set_seed(training_args.seed)  # before the model: a from-scratch initialisation follows --seed
     model = load_model(model_args, data_args, tokenizer, seed=training_args.seed)

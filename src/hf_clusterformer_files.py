@@ -203,10 +203,13 @@ def library_files(folder: str | os.PathLike) -> dict[str, str]:
 
 def written_by_library(folder: str | os.PathLike, name: str, record: dict[str, str] | None = None) -> bool:
     """Whether ``folder/name`` is this library's own, unchanged since written: a file in its record
-    (`library_files`) with the same SHA-256, a generated card that was not edited, or a Trainer checkpoint."""
+    (`library_files`) with the same SHA-256, the record itself, a generated card that was not edited, or a Trainer
+    checkpoint."""
     path = Path(folder) / name
     if path.is_symlink():
         return False
+    if name in _ALWAYS_OWN:
+        return path.is_file()
     if name == "README.md" and _readme_state(Path(folder)) == "generated":
         return True
     if path.is_dir():

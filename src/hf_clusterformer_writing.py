@@ -271,7 +271,10 @@ def run_output_dir(training_args: Any, overwrite: bool, check_records: bool = Tr
     elif check_records and not training_args.do_train:
         check_result_files(output_dir, RESULT_FILES, overwrite, "--overwrite")
     if resume is True or (isinstance(resume, str) and resume.lower() == "true"):
-        training_args.resume_from_checkpoint = last_checkpoint(output_folder(output_dir)) or resume
+        training_args.resume_from_checkpoint = last_checkpoint(output_folder(output_dir))
+        if training_args.resume_from_checkpoint is None:
+            raise ValueError(f"--resume_from_checkpoint: {output_dir} holds no Trainer checkpoint (checkpoint-N) to "
+                             "resume from; leave the flag out to start afresh, or name a checkpoint folder.")
     with writing_model_dir(output_dir, overwrite=overwrite, option="--overwrite", check=training) as staging:
         training_args.output_dir = str(staging)
         try:

@@ -548,3 +548,17 @@ def test_a_reader_that_stops_early_ends_predict_without_a_traceback(converted, t
         error = child.stderr.read().decode()
         assert child.wait(timeout=180) == 141
     assert first.startswith(b"1. ") and "Traceback" not in error and "BrokenPipe" not in error, error
+
+
+def test_resuming_a_finished_run_continues_it_in_its_folder(tmp_path, capsys):
+    """Row: ``train --resume_from_checkpoint True --max_steps 3`` over a run of 2 steps trained step 3, then stopped
+    with "rr/.clusterformer-files.json is yours" (the library's own record) and lost the new model and checkpoint;
+    with no checkpoint at all it said "Can't find a valid checkpoint at True"."""
+    data, out = _qa_file(tmp_path / "train.jsonl", 3), tmp_path / "run"
+    argv = [*_tiny_train(data), "--save_steps", "1", "--output_dir", str(out)]
+    _error(capsys, [*argv, "--max_steps", "2", "--resume_from_checkpoint", "True"],
+           f"--resume_from_checkpoint: {out} holds no Trainer checkpoint (checkpoint-N) to resume from")
+    assert main([*argv, "--max_steps", "2"]) == 0
+    assert main([*argv, "--max_steps", "3", "--resume_from_checkpoint", "True"]) == 0
+    state = json.loads((out / "checkpoint-3" / "trainer_state.json").read_text(encoding="utf-8"))
+    assert state["global_step"] == 3 and (out / "model.safetensors").exists()

@@ -210,6 +210,19 @@ def test_postprocess_picks_best_valid_span(tokenizer, records):
     assert longer[recs[1]["id"]] == recs[1]["context"][offsets[s][0] : offsets[s + 40][1]]
 
 
+def test_postprocess_gives_the_empty_answer_where_the_answerability_head_says_none(tokenizer, records):
+    """Row: evaluating SQuAD 2.0 data never predicted the empty answer, even with the answerability head."""
+    recs = records[:2]
+    val = prepare_validation_features(_batch(recs), tokenizer, 4096)
+    length = max(len(x) for x in val["input_ids"])
+    start, end = np.zeros((2, length)), np.zeros((2, length))
+    answerable = np.array([[6.0, -6.0], [-6.0, 6.0]])  # [no answer, answer]: none in example 0, one in example 1
+    details = postprocess_predictions(recs, val, start, end, 30, return_details=True, answerable_logits=answerable)
+    assert details[recs[0]["id"]]["text"] == "" and details[recs[0]["id"]]["score"] > 0.99
+    assert details[recs[1]["id"]]["text"] != ""
+    assert all(text for text in postprocess_predictions(recs, val, start, end, 30).values())  # no head: a span
+
+
 def test_postprocess_accepts_datasets_and_several_features_per_example(tokenizer, records):
     recs = records[:3]
     train = prepare_train_features(_batch(recs), tokenizer, 4096)

@@ -405,3 +405,27 @@ def test_routed_learning_rate_scale_trains_the_zero_started_projection_at_its_ow
         qa_training.RoutedRateTrainer(model=model, args=args, optimizers=(own, None), routed_learning_rate_scale=30)
     with pytest.raises(ValueError, match="--routed_learning_rate_scale must be positive, got 0.0"):
         qa_training.parse_args(["--routed_learning_rate_scale", "0", "--output_dir", "out"])
+
+
+@pytest.mark.parametrize("head", [False, True])
+def test_unanswerable_validation_questions_use_the_answerability_head_or_are_said(tmp_path, caplog, head):
+    """Row: evaluating SQuAD 2.0 data (questions without an answer) never gave the empty answer, even with the
+    answerability head, and said nothing. With the head, evaluation scores "no answer" as the pipeline does; without
+    it, one warning says how many questions it cannot answer."""
+    train = generate_longrange_dataset(8, 3, (60, 90), "local", min_gap_tokens=10, split="train")
+    validation = generate_longrange_dataset(4, 3, (60, 90), "local", min_gap_tokens=10, split="validation")
+    for row in validation[:2]:
+        row["answers"] = {"text": [], "answer_start": []}
+    model, data, centroids, training = _tiny_args(
+        tmp_path, train_file=str(_write_jsonl(tmp_path / "train.jsonl", train)),
+        validation_file=str(_write_jsonl(tmp_path / "dev.jsonl", validation)))
+    model.use_answerability_head = head
+    with caplog.at_level("WARNING", logger="hf_clusterformer.qa_training"):
+        metrics = qa_training.run(model, data, centroids, training)
+    said = [r.getMessage() for r in caplog.records if "have no answer (SQuAD 2.0)" in r.getMessage()]
+    assert said == ([] if head else ["2 of 4 validation questions have no answer (SQuAD 2.0), which a model without "
+                                     "the answerability head (--use_answerability_head) never gives."])
+    predictions = json.loads((tmp_path / "eval_predictions.json").read_text())
+    assert len(predictions) == 4 and 0.0 <= metrics["eval_f1"] <= 100.0
+    if not head:
+        assert all(predictions.values())  # a span for every question

@@ -257,6 +257,7 @@ def postprocess_predictions(
     id_column: str = "id",
     context_column: str = "context",
     return_details: bool = False,
+    answerable_logits: Any = None,
 ) -> dict[str, Any]:
     """Turn start/end logits into answer texts, keyed by example id.
 
@@ -266,6 +267,8 @@ def postprocess_predictions(
     (`hf_clusterformer.pipeline.rank_spans`: a softmax over every span of at most ``max_answer_length`` tokens); the
     most probable span over all features of an example wins. Examples without context tokens get ``""``. With
     ``return_details`` the values are dicts ``{"text", "start", "end", "score"}`` (character offsets into the context).
+    ``answerable_logits`` (one ``[no answer, answer]`` row per feature, the answerability head's) let the empty answer
+    win, as the pipeline's ``handle_impossible_answer`` does (SQuAD 2.0).
     """
     if len(start_logits) != len(end_logits):
         raise ValueError(f"{len(start_logits)} start logit rows but {len(end_logits)} end logit rows")
@@ -275,7 +278,9 @@ def postprocess_predictions(
         raise ValueError(f"{len(feature_ids)} features but {len(start_logits)} logit rows")
     context_of = dict(zip(map(str, ids), contexts))
     best: dict[str, dict[str, Any]] = {}
-    for feature_id, offsets, starts, ends in zip(map(str, feature_ids), offset_mappings, start_logits, end_logits):
+    answerable = [None] * len(start_logits) if answerable_logits is None else answerable_logits
+    for feature_id, offsets, starts, ends, has_answer in zip(map(str, feature_ids), offset_mappings, start_logits,
+                                                             end_logits, answerable):
         if feature_id not in context_of:
             raise ValueError(f"feature refers to unknown example id {feature_id!r}")
         n = min(len(offsets), len(starts), len(ends))
@@ -288,10 +293,12 @@ def postprocess_predictions(
             torch.as_tensor(np.asarray(ends[:n], dtype=np.float32)),
             candidate,
             max_answer_len=max_answer_length,
+            handle_impossible_answer=has_answer is not None,
+            answerable_logits=None if has_answer is None else torch.as_tensor(np.asarray(has_answer, np.float64)),
         )
         current = best.get(feature_id)
         if current is None or score > current["score"]:
-            start_char, end_char = offsets[start][0], offsets[end][1]
+            start_char, end_char = (0, 0) if start < 0 else (offsets[start][0], offsets[end][1])
             best[feature_id] = {
                 "text": context_of[feature_id][start_char:end_char],
                 "start": int(start_char),

@@ -508,18 +508,16 @@ def make_trainer(model, training_args: TrainingArguments, train_features, tokeni
 def check_question_lengths(features: datasets.Dataset, config: ClusterFormerConfig, split: str) -> None:
     """Raise a `ValueError` with counts when questions exceed ``config.max_question_length`` (before any training);
     questions are found as the model finds them (`locate_question_prefix` at ``config.separator_token_id``)."""
-    max_question_length = config.max_question_length
     lengths = []
     for ids in features["input_ids"]:
         _, question, found = locate_question_prefix(torch.tensor([ids]) == config.separator_token_id)
         lengths.append(int(question) if bool(found) else 0)
-    too_long = [i for i, n in enumerate(lengths) if n > max_question_length]
+    too_long = [i for i, n in enumerate(lengths) if n > config.max_question_length]
     if too_long:
         raise ValueError(
             f"{len(too_long)} of {len(lengths)} {split} questions have more than max_question_length="
-            f"{max_question_length} tokens (longest {max(lengths)}; rows {too_long[:5]}...); pass "
-            f"--max_question_length {max(lengths)} (a new model) or shorten those questions."
-        )
+            f"{config.max_question_length} tokens (longest {max(lengths)}; rows {too_long[:5]}...); pass "
+            f"--max_question_length {max(lengths)} or shorten those questions.")
 
 
 def predict_answers(
@@ -547,10 +545,13 @@ def predict_answers(
         [c for c in features.column_names if c not in ("input_ids", "attention_mask")]
     )
     output = trainer.predict(model_inputs)
-    start_logits, end_logits = output.predictions[:2]
-    predictions = postprocess_predictions(
-        examples, features, start_logits, end_logits, max_answer_length=data.max_answer_length
-    )
+    start_logits, end_logits, *answerable = output.predictions
+    unanswerable = sum(not row["text"] for row in examples["answers"])
+    if unanswerable and not answerable:
+        logger.warning("%d of %d validation questions have no answer (SQuAD 2.0), which a model without the "
+                       "answerability head (--use_answerability_head) never gives.", unanswerable, len(examples))
+    predictions = postprocess_predictions(examples, features, start_logits, end_logits, data.max_answer_length,
+                                          answerable_logits=answerable[0] if answerable else None)
     metric = load_squad_metric()
     scores = metric.compute(
         predictions=[{"id": k, "prediction_text": v} for k, v in predictions.items()],
@@ -611,8 +612,7 @@ def _train_features(raw_train: Any, tokenizer: Any, data_args: Any, model: Any, 
 
 
 def check_run_plan(training_args: TrainingArguments, raw: datasets.DatasetDict) -> None:
-    """`ValueError` (one line) for a plan this command cannot carry out: training or evaluating without the data, or
-    the Trainer's evaluation during training (this command scores EM/F1 once, after it)."""
+    """`ValueError` (one line) for a plan this command cannot carry out (data missing, evaluation during training)."""
     strategy = str(training_args.eval_strategy).rsplit(".", 1)[-1].lower()
     if strategy != "no":
         raise ValueError(f"--eval_strategy {strategy}: this command evaluates once, after training, on the validation "
@@ -621,8 +621,7 @@ def check_run_plan(training_args: TrainingArguments, raw: datasets.DatasetDict) 
     if training_args.do_train and "train" not in raw:
         raise ValueError("--do_train needs training data: give --train_file or a dataset with a train split.")
     if training_args.do_eval and "validation" not in raw:
-        raise ValueError("--do_eval needs validation data: give --validation_file or a dataset with a validation "
-                         "split.")
+        raise ValueError("--do_eval needs validation data: give --validation_file or a data set with one.")
 
 
 def _run(model_args, data_args, centroid_args, training_args, callbacks, name: str) -> dict[str, Any]:

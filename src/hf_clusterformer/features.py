@@ -290,21 +290,13 @@ def postprocess_predictions(
         # the pipeline's span search: a softmax over every context span of at most max_answer_length tokens
         ((score, start, end),) = rank_spans(
             torch.as_tensor(np.asarray(starts[:n], dtype=np.float32)),
-            torch.as_tensor(np.asarray(ends[:n], dtype=np.float32)),
-            candidate,
-            max_answer_len=max_answer_length,
+            torch.as_tensor(np.asarray(ends[:n], dtype=np.float32)), candidate, max_answer_len=max_answer_length,
             handle_impossible_answer=has_answer is not None,
-            answerable_logits=None if has_answer is None else torch.as_tensor(np.asarray(has_answer, np.float64)),
-        )
+            answerable_logits=None if has_answer is None else torch.as_tensor(np.asarray(has_answer, np.float64)))
         current = best.get(feature_id)
         if current is None or score > current["score"]:
-            start_char, end_char = (0, 0) if start < 0 else (offsets[start][0], offsets[end][1])
-            best[feature_id] = {
-                "text": context_of[feature_id][start_char:end_char],
-                "start": int(start_char),
-                "end": int(end_char),
-                "score": score,
-            }
+            a, b = (0, 0) if start < 0 else (int(offsets[start][0]), int(offsets[end][1]))
+            best[feature_id] = {"text": context_of[feature_id][a:b], "start": a, "end": b, "score": score}
     results = {}
     for example_id in map(str, ids):
         detail = best.get(example_id, {"text": "", "start": 0, "end": 0, "score": float("-inf")})

@@ -562,3 +562,14 @@ def test_resuming_a_finished_run_continues_it_in_its_folder(tmp_path, capsys):
     assert main([*argv, "--max_steps", "3", "--resume_from_checkpoint", "True"]) == 0
     state = json.loads((out / "checkpoint-3" / "trainer_state.json").read_text(encoding="utf-8"))
     assert state["global_step"] == 3 and (out / "model.safetensors").exists()
+
+
+def test_a_validation_id_given_twice_is_named(tmp_path, capsys):
+    """Row: three validation records with id "0" gave "Mismatch in the number of predictions (1) and references (3)"
+    from the metric, after the run."""
+    train = _qa_file(tmp_path / "train.jsonl", 3)
+    twice = tmp_path / "dev.jsonl"
+    twice.write_text(train.read_text(encoding="utf-8").replace('"id": "1"', '"id": "0"'), encoding="utf-8")
+    _error(capsys, [*_tiny_train(train), "--validation_file", str(twice), "--do_eval", "True", "--max_steps", "1",
+                    "--output_dir", str(tmp_path / "out")], f"validation id '0' is given to 2 records of {twice}")
+    assert not (tmp_path / "out").exists()

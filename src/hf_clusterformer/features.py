@@ -316,3 +316,72 @@ def question_fits(examples: Any, tokenizer: Any, max_seq_length: int) -> Iterato
         longest = max(len(ids) for ids in tokenizer(list(examples["question"]))["input_ids"])
         raise ValueError(f"--max_seq_length {max_seq_length} leaves no room for a context after the questions (the "
                          f"longest is {longest} tokens with its special tokens); raise --max_seq_length.") from None
+
+
+#: Columns each split needs: answers label the training data and score the validation data, ids key the predictions.
+REQUIRED_COLUMNS = {
+    "train": ("question", "context", "answers"),
+    "validation": ("id", "question", "context", "answers"),
+}
+
+
+def check_columns(splits: dict[str, Any]) -> None:
+    """Raise `ValueError` naming the SQuAD-format columns a split lacks."""
+    for name, split in splits.items():
+        missing = [column for column in REQUIRED_COLUMNS.get(name, ()) if column not in split.column_names]
+        if missing:
+            raise ValueError(
+                f"the {name} data ({len(split)} rows) lack column(s) {missing}; found {split.column_names}. "
+                "SQuAD-format records need id, question, context and answers {text: [...], answer_start: [...]}."
+            )
+
+
+def _check_answer_offsets(splits: dict[str, Any], sources: dict[str, str | None]) -> None:
+    """Raise `ValueError` with dataset-wide counts and row numbers when answer texts are not at their offsets, or
+    naming the file (``sources``) whose answers are malformed."""
+    for name, split in splits.items():
+        if "answers" not in split.column_names:
+            continue
+        try:
+            bad = misplaced_answers(split["context"], split["answers"])
+        except ValueError as error:
+            source = sources.get(name)
+            raise ValueError(f"the {name} data{f' ({source})' if source else ''}: {error}") from None
+        if bad:
+            raise ValueError(
+                f"{len(bad)} of {len(split)} {name} examples have an answer text not found at its answer_start "
+                f"(rows {bad[:10]}{' ...' if len(bad) > 10 else ''}); answer_start is the character offset of the "
+                "text in the context: fix those offsets or remove those rows."
+            )
+
+
+def _check_texts(splits: dict[str, Any], sources: dict[str, str | None]) -> None:
+    """Raise `ValueError` naming the first record whose question or context is empty (or only whitespace): it would
+    train on nothing, and the predict path refuses such a pair."""
+    for name, split in splits.items():
+        for column in ("question", "context"):
+            if column not in split.column_names:
+                continue
+            for row, text in enumerate(split[column]):
+                if isinstance(text, str) and text.strip():
+                    continue
+                record = f"{'training' if name == 'train' else name} record {row}"
+                if "id" in split.column_names:
+                    record += f" (id {split[row]['id']!r})"
+                if sources.get(name):
+                    record += f" of {sources[name]}"
+                raise ValueError(f"{record} has an empty {column}; give it its {column} or remove that record.")
+
+
+def check_records(splits: dict[str, Any], sources: dict[str, str | None]) -> None:
+    """`ValueError` (one line, naming the record and its file of ``sources``) for a record with an empty question or
+    context, a validation id given twice (predictions are matched by id), or answers not at their offsets."""
+    _check_texts(splits, sources)
+    if "validation" in splits and "id" in splits["validation"].column_names:
+        ids = [str(i) for i in splits["validation"]["id"]]
+        if len(set(ids)) < len(ids):
+            twice = next(i for i in ids if ids.count(i) > 1)
+            source = f" of {sources['validation']}" if sources.get("validation") else ""
+            raise ValueError(f"validation id {twice!r} is given to {ids.count(twice)} records{source}; give each its "
+                             "own id.")
+    _check_answer_offsets(splits, sources)

@@ -40,8 +40,9 @@ from .configuration_clusterformer import (
 from .conversion import ModelOption, load_qa_model, model_options
 from .data import build_tokenizer, load_multipassage_dataset, squad_features
 from .features import (
+    check_columns,
+    check_records,
     check_tokenizer_fits,
-    misplaced_answers,
     postprocess_predictions,
     prepare_train_features,
     prepare_validation_features,
@@ -336,61 +337,6 @@ def _load_file(path: str) -> datasets.Dataset:
     return datasets.load_dataset("json", data_files=path, split="train")
 
 
-#: Columns each split needs: answers label the training data and score the validation data, ids key the predictions.
-REQUIRED_COLUMNS = {
-    "train": ("question", "context", "answers"),
-    "validation": ("id", "question", "context", "answers"),
-}
-
-
-def _check_columns(splits: dict[str, datasets.Dataset]) -> None:
-    """Raise `ValueError` naming the SQuAD-format columns a split lacks."""
-    for name, split in splits.items():
-        missing = [column for column in REQUIRED_COLUMNS.get(name, ()) if column not in split.column_names]
-        if missing:
-            raise ValueError(
-                f"the {name} data ({len(split)} rows) lack column(s) {missing}; found {split.column_names}. "
-                "SQuAD-format records need id, question, context and answers {text: [...], answer_start: [...]}."
-            )
-
-
-def _check_answer_offsets(splits: dict[str, datasets.Dataset], sources: dict[str, str | None] | None = None) -> None:
-    """Raise `ValueError` with dataset-wide counts and row numbers when answer texts are not at their offsets, or
-    naming the file (``sources``) whose answers are malformed."""
-    for name, split in splits.items():
-        if "answers" not in split.column_names:
-            continue
-        try:
-            bad = misplaced_answers(split["context"], split["answers"])
-        except ValueError as error:
-            source = (sources or {}).get(name)
-            raise ValueError(f"the {name} data{f' ({source})' if source else ''}: {error}") from None
-        if bad:
-            raise ValueError(
-                f"{len(bad)} of {len(split)} {name} examples have an answer text not found at its answer_start "
-                f"(rows {bad[:10]}{' ...' if len(bad) > 10 else ''}); answer_start is the character offset of the "
-                "text in the context: fix those offsets or remove those rows."
-            )
-
-
-def _check_texts(splits: dict[str, datasets.Dataset], sources: dict[str, str | None]) -> None:
-    """Raise `ValueError` naming the first record whose question or context is empty (or only whitespace): it would
-    train on nothing, and the predict path refuses such a pair."""
-    for name, split in splits.items():
-        for column in ("question", "context"):
-            if column not in split.column_names:
-                continue
-            for row, text in enumerate(split[column]):
-                if isinstance(text, str) and text.strip():
-                    continue
-                record = f"{'training' if name == 'train' else name} record {row}"
-                if "id" in split.column_names:
-                    record += f" (id {split[row]['id']!r})"
-                if sources.get(name):
-                    record += f" of {sources[name]}"
-                raise ValueError(f"{record} has an empty {column}; give it its {column} or remove that record.")
-
-
 def load_raw_datasets(data: DataArguments) -> datasets.DatasetDict:
     """The train/validation splits as SQuAD-format records: the files given, else the built or Hub data set."""
     splits: dict[str, datasets.Dataset] = {}
@@ -425,13 +371,12 @@ def load_raw_datasets(data: DataArguments) -> datasets.DatasetDict:
     else:
         loaded = datasets.load_dataset(data.dataset)
         splits = {name: loaded[name] for name in ("train", "validation") if name in loaded}
-    _check_columns(splits)
+    check_columns(splits)
     if "train" in splits and data.train_samples:
         splits["train"] = splits["train"].select(range(min(data.train_samples, len(splits["train"]))))
     if "validation" in splits and data.eval_samples:
         splits["validation"] = splits["validation"].select(range(min(data.eval_samples, len(splits["validation"]))))
-    _check_texts(splits, {"train": data.train_file, "validation": data.validation_file})
-    _check_answer_offsets(splits, {"train": data.train_file, "validation": data.validation_file})
+    check_records(splits, {"train": data.train_file, "validation": data.validation_file})
     return datasets.DatasetDict(splits)
 
 

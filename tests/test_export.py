@@ -88,10 +88,11 @@ def test_the_runner_checks_every_batch_in_one_line(exported):
     cases = [
         ((ids[0], mask[0]), "must be \\(batch, length\\)"),
         ((ids.float(), mask), "integer token ids"),
-        ((ids, mask[:, :-1]), "attention_mask must be integers of input_ids' shape"),
-        ((ids, mask.float()), "attention_mask must be integers"),
+        ((ids, mask[:, :-1]), "attention_mask must be 0s and 1s of input_ids' shape"),
+        ((ids, mask.float()), "attention_mask must be 0s and 1s"),
+        ((ids, 2 * mask), "attention_mask must be 0s and 1s"),  # Row: a mask of 2s was taken as it was
         ((ids, mixed), "mixes padding"),
-        ((ids.masked_fill(ids == sep, 5), mask), "no separator"),
+        ((ids.masked_fill(ids == sep, 5), mask), "no separator.*tokenizer\\(question, context\\)\\.$"),
         ((unknown, mask), "outside the vocabulary"),
         ((too_long, None), f"has {limit + 2} tokens, more than max_question_length"),
         (("not ids", None), "input_ids must be"),
@@ -100,7 +101,10 @@ def test_the_runner_checks_every_batch_in_one_line(exported):
     for (bad_ids, bad_mask), expected in cases:
         with pytest.raises(ExportError, match=expected) as error:
             runner(bad_ids, bad_mask)
-        assert "\n" not in str(error.value), error.value
+        assert "\n" not in str(error.value) and "question_lengths" not in str(error.value), error.value
+    # Row: a BERT tokenizer's batch (**tokenizer(q, c)) was refused for its token_type_ids
+    assert torch.equal(runner(ids, mask, token_type_ids=torch.zeros_like(ids))["start_logits"],
+                       runner(ids, mask)["start_logits"])
     with pytest.raises(ExportError, match="not a file"):
         load_exported(runner.path.parent / "missing.onnx")
     (runner.path.parent / "other.onnx").write_bytes(b"not onnx")

@@ -506,8 +506,10 @@ class ExportedModel:
         quantized = ", int8" if self.quantize else ""
         return f"ExportedModel({str(self.path)!r}, {self.architecture}, {self.format}{quantized})"
 
-    def __call__(self, input_ids, attention_mask=None) -> dict[str, torch.Tensor]:
-        """(B, T) ids and mask ((B, C, T) for multiple choice; tensors, arrays or nested lists) -> outputs by name."""
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None) -> dict[str, torch.Tensor]:
+        """(B, T) ids and mask ((B, C, T) for multiple choice; tensors, arrays or nested lists) -> outputs by name.
+        ``token_type_ids`` (a BERT tokenizer's) are taken and not read: the program gives the question prefix and the
+        context their types itself (``pair_token_types``), as that tokenizer does for a pair."""
         inputs = self.check(input_ids, attention_mask)
         return dict(zip(self.output_names, self._run(inputs)))
 
@@ -520,13 +522,15 @@ class ExportedModel:
                               f"shape {tuple(ids.shape)}; pass the tokenizer's batch (return_tensors='np' or 'pt').")
         if ids.numel() == 0:
             raise ExportError(f"input_ids is empty (shape {tuple(ids.shape)}); give at least one row of tokens.")
-        if mask is not None and (mask.is_floating_point() or mask.shape != ids.shape):
-            raise ExportError(f"attention_mask must be integers of input_ids' shape {tuple(ids.shape)}, got "
+        if mask is not None and (mask.is_floating_point() or mask.shape != ids.shape or bool((mask > 1).any())
+                                 or bool((mask < 0).any())):
+            raise ExportError(f"attention_mask must be 0s and 1s of input_ids' shape {tuple(ids.shape)}, got "
                               f"{mask.dtype} {tuple(mask.shape)}; pass the attention_mask the tokenizer returned.")
         try:
             return program_inputs(self.config, ids, mask, self.input_format)
-        except (ValueError, TypeError) as error:
-            raise ExportError(" ".join(str(error).split())) from None
+        except (ValueError, TypeError) as error:  # the model's own check; a program takes no question_lengths
+            raise ExportError(" ".join(str(error).split()).replace(", or pass question_lengths", "")
+                              .replace(" or pass question_lengths", "")) from None
 
 
 def _as_tensor(value, name: str) -> torch.Tensor:

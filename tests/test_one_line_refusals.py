@@ -573,3 +573,16 @@ def test_a_validation_id_given_twice_is_named(tmp_path, capsys):
     _error(capsys, [*_tiny_train(train), "--validation_file", str(twice), "--do_eval", "True", "--max_steps", "1",
                     "--output_dir", str(tmp_path / "out")], f"validation id '0' is given to 2 records of {twice}")
     assert not (tmp_path / "out").exists()
+
+
+def test_from_scratch_sizes_given_with_a_checkpoint_are_said_unread(converted, tmp_path, caplog):
+    """Row: ``train --model_name_or_path CKPT --hidden_size 64`` trained the checkpoint's 32-wide model silently."""
+    import logging
+
+    data = _qa_file(tmp_path / "train.jsonl", 2)
+    argv = ["train", "--model_name_or_path", str(converted), "--train_file", str(data), "--hidden_size", "64",
+            "--max_steps", "1", "--report_to", "none", "--use_cpu", "--output_dir", str(tmp_path / "out"), "-q"]
+    with caplog.at_level(logging.WARNING, logger="hf_clusterformer.qa_training"):
+        assert main(argv) == 0
+    assert "--hidden_size 64: sizes of a model built from scratch, not read with --model_name_or_path" in caplog.text
+    assert json.loads((tmp_path / "out" / "config.json").read_text(encoding="utf-8"))["hidden_size"] == 32

@@ -65,6 +65,8 @@ logger = logging.getLogger(__name__)
 FORMER_GENERATED = ("longrange", "local", "mention", "twin")
 
 
+#: The sizes of a model built from scratch (flags a checkpoint does not read).
+FROM_SCRATCH_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 #: Examples built of the multi-passage set per split, unless --train_samples / --eval_samples say (files: all rows).
 BUILT_SAMPLES = {"train": 2000, "validation": 200}
 
@@ -407,6 +409,12 @@ def load_model(
     scratch. Weights a checkpoint lacks are drawn with ``seed`` and recorded as untrained (`load_qa_model`)."""
     options = model.cluster_options()
     if model.model_name_or_path:
+        defaults = {f.name: f.default for f in fields(ModelArguments)}
+        unread = [f"--{name} {getattr(model, name)}" for name in FROM_SCRATCH_SIZES
+                  if getattr(model, name) != defaults[name]]
+        if unread:
+            logger.warning("%s: sizes of a model built from scratch, not read with --model_name_or_path (the "
+                           "checkpoint has its own).", ", ".join(unread))
         return load_qa_model(model.model_name_or_path, seed=seed, **options)
     config = ClusterFormerConfig(
         vocab_size=len(tokenizer),
@@ -510,10 +518,7 @@ def predict_answers(
 
 #: Config values of the model a run trained or evaluated, recorded in ``all_results.json``: its sizes and every
 #: model option.
-_RECORDED_CONFIG = (
-    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-    *(name for name in model_options() if name not in LAYER_KIND_SHORTCUTS),
-)
+_RECORDED_CONFIG = (*FROM_SCRATCH_SIZES, *(name for name in model_options() if name not in LAYER_KIND_SHORTCUTS))
 
 
 def run(

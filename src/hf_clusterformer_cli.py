@@ -282,9 +282,10 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     context_tokens = sum(1 for sequence in encoding.sequence_ids() if sequence == 1)
     if context_tokens > model.config.max_context_length:
         raise CommandError(
-            f"context file {args.context_file} has {context_tokens} tokens, more than the checkpoint's "
-            f"max_context_length ({model.config.max_context_length}); pass --max-context-length {context_tokens} "
-            "or shorten the file."
+            f"context file {args.context_file} has {context_tokens} tokens, more than "
+            + (f"--max-context-length {args.max_context_length}" if args.max_context_length is not None else
+               f"the checkpoint's max_context_length ({model.config.max_context_length})")
+            + f"; pass --max-context-length {context_tokens} or shorten the file."
         )
     start = time.perf_counter()
     try:

@@ -390,7 +390,7 @@ def test_predict_question_over_the_limit(model_dir, context, capsys):
 
 def test_predict_context_over_max_context_length_and_raising_it(model_dir, context, capsys):
     _main_error(capsys, _predict(model_dir, context, "--max-context-length", "100"),
-                str(context[0]), "more than the checkpoint's max_context_length (100)", "--max-context-length")
+                str(context[0]), "more than --max-context-length 100;", "pass --max-context-length")
     small = context[0].parent / "short.txt"
     small.write_text(context[1][:300], encoding="utf-8")
     assert main(["predict", str(model_dir), "--question", QUESTION, "--context-file", str(small),

@@ -429,3 +429,17 @@ def test_unanswerable_validation_questions_use_the_answerability_head_or_are_sai
     assert len(predictions) == 4 and 0.0 <= metrics["eval_f1"] <= 100.0
     if not head:
         assert all(predictions.values())  # a span for every question
+
+
+def test_data_files_in_two_near_layouts_load_or_say_the_fix(tmp_path):
+    """Rows: JSON lines in a .json file said "fix that line" (the fix is the name .jsonl); ``{"data": [flat
+    records]}`` said "lack column(s) ... found ['data']"."""
+    records = generate_longrange_dataset(3, 3, (60, 90), "local", min_gap_tokens=10, split="validation")
+    lines = _write_jsonl(tmp_path / "lines.json", records)
+    with pytest.raises(ValueError, match=r"line 2 column 1 \(Extra data\); it holds one JSON value a line: name it "
+                                         r"\.jsonl\.$"):
+        qa_training.load_raw_datasets(qa_training.DataArguments(validation_file=str(lines)))
+    wrapped = tmp_path / "wrapped.json"
+    wrapped.write_text(json.dumps({"data": records}), encoding="utf-8")
+    loaded = qa_training.load_raw_datasets(qa_training.DataArguments(validation_file=str(wrapped)))["validation"]
+    assert [row["id"] for row in loaded] == [r["id"] for r in records]

@@ -321,7 +321,9 @@ def _parse_json_file(path: str) -> Any:
             values.append(json.loads(line))
         except json.JSONDecodeError as error:
             where = f"line {number if path.endswith('.jsonl') else error.lineno} column {error.colno}"
-            raise ValueError(f"data file {path} is not valid JSON at {where} ({error.msg}); fix that line.") from error
+            fix = ("it holds one JSON value a line: name it .jsonl" if error.msg == "Extra data" and error.colno == 1
+                   and not path.endswith(".jsonl") else "fix that line")
+            raise ValueError(f"data file {path} is not valid JSON at {where} ({error.msg}); {fix}.") from error
     return values if path.endswith(".jsonl") else values[0] if values else None
 
 
@@ -334,6 +336,8 @@ def _load_file(path: str) -> datasets.Dataset:
     squad_json = isinstance(data, dict) and isinstance(data.get("data"), list) and data["data"]
     if squad_json and "paragraphs" in data["data"][0]:
         return datasets.Dataset.from_list(_flatten_squad_json(data), features=squad_features())
+    if squad_json and all(isinstance(record, dict) and "question" in record for record in data["data"]):
+        return datasets.Dataset.from_list(data["data"])  # {"data": [flat records]}
     if not data:
         raise ValueError(f"data file {path} holds no records; give SQuAD-format records.")
     return datasets.load_dataset("json", data_files=path, split="train")

@@ -178,8 +178,7 @@ def _load_qa_model(path: str, max_context_length: int | None = None, command: st
     from safetensors import SafetensorError
 
     from hf_clusterformer.conversion import load_qa_model
-    from hf_clusterformer.features import check_tokenizer_fits
-    from hf_clusterformer.loading import load_tokenizer
+    from hf_clusterformer.loading import check_tokenizer_fits, load_tokenizer
 
     check_model_path(path)
     check_cluster_former(path, command)

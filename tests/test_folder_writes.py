@@ -390,6 +390,22 @@ def test_save_for_hub_refuses_and_a_failed_overwrite_leaves_the_old_model(tmp_pa
     assert (tmp_path / "empty" / "notes.txt").read_text(encoding="utf-8") == "mine"
     assert (tmp_path / "empty" / "model.safetensors").is_file()
 
+
+def test_save_for_hub_refuses_a_tokenizer_that_does_not_fit_and_a_path_for_a_model(tmp_path, tokenizer):
+    """Rows: ``save_for_hub(model, bert_tokenizer, DIR)`` wrote a folder that predict refused later ("ends the question
+    with id 3"); ``save_for_hub("outputs/trained", ...)`` was an AttributeError."""
+    from transformers import BertTokenizerFast
+
+    model = _model(tokenizer)
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b"]), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"^the tokenizer of .*bert \(given to save_for_hub\) ends the question with "
+                                         r"id 3 \(\[SEP\]\), but the model's question prefix ends at id 2"):
+        save_for_hub(model, BertTokenizerFast(vocab_file=str(vocab)), tmp_path / "bert")
+    assert not (tmp_path / "bert").exists()
+    with pytest.raises(TypeError, match="^save_for_hub takes the model object, got str"):
+        save_for_hub(str(tmp_path), tokenizer, tmp_path / "path")
+
 def test_a_hub_copy_saving_on_its_own_keeps_the_users_code_files(tmp_path):
     """Row: the Hub copy of the modeling file, used without the package, saved into a folder holding the user's own
     ``modeling_clusterformer.py`` and replaced it (transformers copies its code files) without a word."""

@@ -36,6 +36,7 @@ from hf_clusterformer_heads import find_head
 from hf_clusterformer_model_folder import CUSTOM_PIPELINE, apply_auto_map, write_model_folder
 
 from .configuration_clusterformer import ClusterFormerConfig, ConfigValueError
+from .loading import check_tokenizer_fits
 from .modeling_clusterformer import (
     UNTRAINED_WEIGHTS,
     ClusterFormerModel,
@@ -165,6 +166,11 @@ def save_for_hub(
         The directory. Raises `ValueError` if the result fails `check_hub_checkpoint` (``save_dir`` is then left
         as it was). Written by the one writer of a model folder, `hf_clusterformer_model_folder.write_model_folder`.
     """
+    if not isinstance(model, PreTrainedModel):
+        raise TypeError(f"save_for_hub takes the model object, got {type(model).__name__} {model!r:.80}; load it "
+                        "first (from_pretrained), or write a checkpoint folder again with convert_checkpoint.")
+    if tokenizer is not None:  # a folder whose tokenizer does not encode for its model fails only when used
+        check_tokenizer_fits(tokenizer, model.config, f"{os.fspath(save_dir)} (given to save_for_hub)")
     card = _hub_card(model, tokenizer, card, card_data)
     return write_model_folder(model, save_dir, tokenizer, card, overwrite=overwrite, verify=_verify,
                               max_shard_size=max_shard_size)

@@ -106,6 +106,23 @@ def load_tokenizer(path: str | os.PathLike, **kwargs: Any) -> Any:
                          "(`clusterformer convert`).") from error
 
 
+def check_tokenizer_fits(tokenizer: Any, config: Any, source: str) -> None:
+    """The tokenizer of ``source`` encodes for the model of ``config``: its ids within the vocabulary, its separator
+    the one that ends the model's question prefix, its pair token types within the model's; else one line."""
+    fix = "use the tokenizer saved with the model (the one in its folder), or convert the model with this tokenizer"
+    if len(tokenizer) > config.vocab_size:
+        raise ValueError(f"the tokenizer of {source} has {len(tokenizer)} tokens, more than the model's vocabulary of "
+                         f"{config.vocab_size}; {fix}.")
+    separator = tokenizer.sep_token_id
+    if separator is not None and separator != config.separator_token_id:
+        raise ValueError(f"the tokenizer of {source} ends the question with id {separator} ({tokenizer.sep_token}), "
+                         f"but the model's question prefix ends at id {config.separator_token_id}; {fix}.")
+    types = tokenizer("a", "b").get("token_type_ids") or [0]
+    if max(types) >= config.type_vocab_size:
+        raise ValueError(f"the tokenizer of {source} marks the context with token type {max(types)}, but the model "
+                         f"has {config.type_vocab_size} token type(s); {fix}.")
+
+
 def non_finite_tensors(path: str | os.PathLike) -> list[str]:
     """The tensors of a checkpoint directory's safetensors files that hold a NaN or inf (empty when all are finite),
     read without building the model (what a card or a push of the folder checks)."""

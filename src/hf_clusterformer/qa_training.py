@@ -42,13 +42,13 @@ from .data import build_tokenizer, load_multipassage_dataset, squad_features
 from .features import (
     check_columns,
     check_records,
-    check_tokenizer_fits,
     postprocess_predictions,
     prepare_train_features,
     prepare_validation_features,
     question_fits,
 )
 from .hub import write_checkpoint
+from .loading import check_tokenizer_fits
 from .loading import load_tokenizer as load_saved_tokenizer
 from .metrics import load_squad_metric
 from .modelcard import run_card_data

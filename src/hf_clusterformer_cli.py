@@ -62,7 +62,8 @@ def _context_length(value: str) -> int:
 
 
 def _read_text(path: str, what: str) -> str:
-    """A UTF-8 text file (``-``: standard input), with one-line errors naming it."""
+    """A UTF-8 text file (``-``: standard input) as it is, line ends included (so answer offsets index the file's own
+    characters, from a file and from standard input alike), with one-line errors naming it."""
     try:
         if path == "-":
             return sys.stdin.buffer.read().decode("utf-8")
@@ -70,7 +71,7 @@ def _read_text(path: str, what: str) -> str:
             raise CommandError(f"{what} {path} is a folder; give a text file (or - for standard input).")
         if not os.path.isfile(path):
             raise CommandError(f"{what} {path} does not exist.")
-        return Path(path).read_text(encoding="utf-8")
+        return Path(path).read_bytes().decode("utf-8")
     except UnicodeDecodeError as error:
         raise CommandError(
             f"{what} {path} is not UTF-8 text (byte {error.object[error.start]:#04x} at offset {error.start}); "

@@ -586,3 +586,16 @@ def test_from_scratch_sizes_given_with_a_checkpoint_are_said_unread(converted, t
         assert main(argv) == 0
     assert "--hidden_size 64: sizes of a model built from scratch, not read with --model_name_or_path" in caplog.text
     assert json.loads((tmp_path / "out" / "config.json").read_text(encoding="utf-8"))["hidden_size"] == 32
+
+
+def test_predict_offsets_index_the_context_files_own_characters(converted, tmp_path, capsys):
+    """Row: on a CRLF file, predict --json's start/end indexed the newline-normalised text (29 of 30 spans off by the
+    lines before them), unlike the same file from standard input."""
+    crlf = tmp_path / "crlf.txt"
+    crlf.write_bytes(CONTEXT.replace(". ", ".\r\n").encode("utf-8"))
+    assert main(["predict", str(converted), "--question", QUESTION, "--context-file", str(crlf), "--json",
+                 "--top-k", "30", "--allow-untrained"]) == 0
+    answers = json.loads(capsys.readouterr().out)
+    answers = answers["answers"] if isinstance(answers, dict) else answers
+    text = crlf.read_bytes().decode("utf-8")
+    assert len(answers) == 30 and all(text[a["start"]:a["end"]] == a["answer"] for a in answers)

@@ -159,8 +159,8 @@ def _one_line_ranges(cls: type) -> type:
 def _check_arguments(cls: type, arguments: Iterable[str]) -> None:
     """`ValueError` for an argument that is a derived property (setting it would fail deep in transformers, the whole
     config printed) or a misspelt Cluster-Former option (transformers would store it unread)."""
-    own = [*LAYER_KIND_SHORTCUTS[:2], *(name for name in cls.__dataclass_fields__
-                                        if name not in RobertaConfig.__dataclass_fields__)]
+    roberta = getattr(RobertaConfig, "__dataclass_fields__", {})  # (a transformers whose configs are no dataclasses)
+    own = [*LAYER_KIND_SHORTCUTS[:2], *(name for name in cls.__dataclass_fields__ if name not in roberta)]
     for name in arguments:
         if isinstance(read_only := getattr(cls, name, None), property) and read_only.fset is None:
             raise ValueError(f"{name} is derived from the other fields, not set; "

@@ -206,8 +206,13 @@ def test_unfitted_centroids_are_said_only_once_the_routed_path_is_open(caplog, t
     with caplog.at_level(logging.WARNING):
         model(input_ids=ids, attention_mask=mask)
     assert "never fitted" not in caplog.text and centroids_fitted(model) == {}
-    with torch.no_grad():
-        model.roberta.encoder.layer[3].routed_output.bias.fill_(0.1)
+    router = model.roberta.encoder.layer[3].router
+    assert router._seen_closed  # the closed path is remembered: later forwards read nothing back from the device
+    state = model.state_dict()
+    key = "roberta.encoder.layer.3.routed_output.bias"
+    state[key] = torch.full_like(state[key], 0.1)
+    model.load_state_dict(state)  # weights that open the path: checked again
+    assert not router._seen_closed
     with caplog.at_level(logging.WARNING):
         model(input_ids=ids, attention_mask=mask)
         model(input_ids=ids, attention_mask=mask)
@@ -215,3 +220,5 @@ def test_unfitted_centroids_are_said_only_once_the_routed_path_is_open(caplog, t
         "Cluster layer 3 runs with centroids that were never fitted by K-Means; train with "
         "hf_clusterformer.CentroidUpdateCallback (or CentroidUpdater) first."]
     assert centroids_fitted(model) == {"3": False}
+    model.train()
+    assert not router._seen_closed  # training may open the path too

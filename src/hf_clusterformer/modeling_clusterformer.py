@@ -582,6 +582,7 @@ class ClusterRouter(Float32BuffersModule):
         self.register_buffer("fitted", torch.zeros((), dtype=torch.bool))
         self._warned = False  # the never-fitted warning was given
         self._seen_fitted = False  # an eval-mode forward found `fitted` set (reset when buffers are loaded)
+        self._seen_closed = False  # ... or its layer's routed path closed (reset when weights load or training starts)
 
     def initial_centroids(self) -> torch.Tensor:
         """Seeded random unit vectors in GetCentroids order (Algorithm 1, ``GetCentroids(RandomVector)``): (p, d).
@@ -603,9 +604,10 @@ class ClusterRouter(Float32BuffersModule):
 
     def check_fitted(self, routing_matters: Callable[[], bool] = lambda: True) -> None:
         """Warn once that the centroids were never fitted, if ``routing_matters()``. Its layer's eval-mode forwards
-        call it (outside compiled code); once it has warned or found them fitted it returns at once, so reading
-        ``fitted`` back from the device is not a per-forward cost."""
-        if self._warned or self._seen_fitted:
+        call it (outside compiled code); once it has warned, found them fitted, or found the routing taking no part in
+        the outputs, it returns at once until weights load or training starts, so reading ``fitted`` (or the layer's
+        weights) back from the device is not a per-forward cost."""
+        if self._warned or self._seen_fitted or self._seen_closed:
             return
         if bool(self.fitted):
             self._seen_fitted = True
@@ -615,9 +617,16 @@ class ClusterRouter(Float32BuffersModule):
                 "train with hf_clusterformer.CentroidUpdateCallback (or CentroidUpdater) first."
             )
             self._warned = True
+        else:
+            self._seen_closed = True
+
+    def train(self, mode: bool = True):
+        if mode:
+            self._seen_closed = False  # training may open the routed path
+        return super().train(mode)
 
     def _load_from_state_dict(self, *args, **kwargs):
-        self._seen_fitted = False  # loaded buffers may be unfitted: check again
+        self._seen_fitted = self._seen_closed = False  # loaded weights may be unfitted, or open the path: check again
         super()._load_from_state_dict(*args, **kwargs)
 
 
@@ -1262,7 +1271,7 @@ class ClusterFormerPreTrainedModel(RobertaPreTrainedModel):
         if isinstance(module, ClusterRouter):
             init.copy_(module.centroids, module.initial_centroids())
             init.copy_(module.fitted, torch.zeros((), dtype=torch.bool))
-            module._seen_fitted = False
+            module._seen_fitted = module._seen_closed = False
         elif isinstance(module, LSHRouter):
             init.copy_(module.hash_vectors, module.initial_hash_vectors())
         elif isinstance(module, ZeroInitLinear):

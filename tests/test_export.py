@@ -91,9 +91,12 @@ def test_the_runner_checks_every_batch_in_one_line(exported):
         ((ids, mask[:, :-1]), "attention_mask must be 0s and 1s of input_ids' shape"),
         ((ids, mask.float()), "attention_mask must be 0s and 1s"),
         ((ids, 2 * mask), "attention_mask must be 0s and 1s"),  # Row: a mask of 2s was taken as it was
+        ((ids, -mask), "attention_mask must be 0s and 1s"),
         ((ids, mixed), "mixes padding"),
         ((ids.masked_fill(ids == sep, 5), mask), "no separator.*tokenizer\\(question, context\\)\\.$"),
         ((unknown, mask), "outside the vocabulary"),
+        ((torch.tensor([[model.config.bos_token_id, 5, 6, 7, sep]]), None),
+         "holds one text.*tokenizer\\(question, context\\)\\.$"),
         ((too_long, None), f"has {limit + 2} tokens, more than max_question_length"),
         (("not ids", None), "input_ids must be"),
         ((ids[:0], mask[:0]), "empty"),

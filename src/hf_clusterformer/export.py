@@ -172,7 +172,8 @@ def program_inputs(
     rows = input_ids.reshape(-1, input_ids.shape[-1]) if input_ids.dim() == 3 else input_ids  # choices are rows
     mask_rows = attention_mask.reshape(-1, attention_mask.shape[-1]) if attention_mask.dim() == 3 else attention_mask
     check_input_tensors(rows, None)
-    prefixes, totals, *_ = locate_rows(config, rows.long(), mask_rows, input_format=input_format)
+    prefixes, totals, *_ = locate_rows(config, rows.long(), mask_rows, input_format=input_format,
+                                       takes_question_lengths=False)
     sizes = BatchSizes.of_rows(config, prefixes, totals)
     return (input_ids.long(), attention_mask.long(), torch.zeros(sizes.num_windows, dtype=torch.long),
             torch.zeros(sizes.prefix_width, dtype=torch.long))
@@ -522,15 +523,14 @@ class ExportedModel:
                               f"shape {tuple(ids.shape)}; pass the tokenizer's batch (return_tensors='np' or 'pt').")
         if ids.numel() == 0:
             raise ExportError(f"input_ids is empty (shape {tuple(ids.shape)}); give at least one row of tokens.")
-        if mask is not None and (mask.is_floating_point() or mask.shape != ids.shape or bool((mask > 1).any())
-                                 or bool((mask < 0).any())):
+        if mask is not None and (mask.is_floating_point() or mask.shape != ids.shape
+                                 or bool(((mask != 0) & (mask != 1)).any())):
             raise ExportError(f"attention_mask must be 0s and 1s of input_ids' shape {tuple(ids.shape)}, got "
                               f"{mask.dtype} {tuple(mask.shape)}; pass the attention_mask the tokenizer returned.")
         try:
             return program_inputs(self.config, ids, mask, self.input_format)
-        except (ValueError, TypeError) as error:  # the model's own check; a program takes no question_lengths
-            raise ExportError(" ".join(str(error).split()).replace(", or pass question_lengths", "")
-                              .replace(" or pass question_lengths", "")) from None
+        except (ValueError, TypeError) as error:  # the model's own check, in its own words
+            raise ExportError(str(error)) from None
 
 
 def _as_tensor(value, name: str) -> torch.Tensor:

@@ -1417,6 +1417,7 @@ def locate_rows(
     read_back: bool = True,
     is_separator: torch.Tensor | None = None,
     token_type_ids: torch.Tensor | None = None,
+    takes_question_lengths: bool = True,
 ) -> tuple[list[int] | None, list[int] | None, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Validate a batch and locate every example in it (what every forward pass and the exported runner do first).
 
@@ -1431,6 +1432,8 @@ def locate_rows(
         is_separator: optional (B, T) bool, where the separators are (default: ``input_ids == separator id``, and
             the ids are checked against the vocabulary).
         token_type_ids: optional (B, T) token types, checked against ``config.type_vocab_size``.
+        takes_question_lengths: whether the caller takes ``question_lengths`` (the exported program does not), so
+            that a fault's fix may offer them.
 
     Returns:
         Per example, as Python ints: prefix lengths and real lengths (prefix + context); and as (B,) tensors:
@@ -1463,7 +1466,7 @@ def locate_rows(
     context = lengths - prefix - torch.gather(is_sep, 1, last).squeeze(1).long()  # without the closing separator
     stats = row_facts(ids, prefix, lengths, question, context, one_block, found, token_type_ids).tolist()  # one read
     check_vocabularies(config, [row[0] for row in stats[6:]], ids is not None and ids.numel() > 0)
-    check_rows(config, *stats[1:6], "input_ids" if is_separator is None else "inputs_embeds")
+    check_rows(config, *stats[1:6], "input_ids" if is_separator is None else "inputs_embeds", takes_question_lengths)
     return stats[0], stats[1], prefix, lengths, starts, single
 
 
@@ -1542,9 +1545,10 @@ def check_token_types(config: ClusterFormerConfig, low: int, high: int) -> None:
 
 
 def check_rows(config: ClusterFormerConfig, lengths: list[int], questions: list[int], contexts: list[int],
-               one_block_ok: list[int], found_ok: list[int], what: str) -> None:
+               one_block_ok: list[int], found_ok: list[int], what: str, takes_question_lengths: bool = True) -> None:
     """Every row one block of tokens with a separator, a question/context pair, its question and context within
-    the configured limits."""
+    the configured limits; the fixes offer ``question_lengths`` where the caller takes it."""
+    or_lengths = ", or pass question_lengths" if takes_question_lengths else ""
     if 0 in lengths:
         raise ValueError(
             f"attention_mask row {lengths.index(0)} is all zeros, so the row has no tokens; drop that row from the "
@@ -1558,12 +1562,12 @@ def check_rows(config: ClusterFormerConfig, lengths: list[int], questions: list[
     if not all(found_ok):
         raise ValueError(
             f"{what} row {found_ok.index(0)} has no separator token, so the question cannot be found; encode inputs "
-            "as tokenizer(question, context) or pass question_lengths."
+            f"as tokenizer(question, context){or_lengths}."
         )
     if min(contexts) < 0:  # the first separator closes the row: one text, no context after a question
         raise ValueError(
             f"{what} row {contexts.index(min(contexts))} holds one text, not a question/context pair (its first "
-            "separator ends it); encode inputs as tokenizer(question, context), or pass question_lengths."
+            f"separator ends it); encode inputs as tokenizer(question, context){or_lengths}."
         )
     for row in {questions.index(max(questions)), contexts.index(min(contexts)), contexts.index(max(contexts))}:
         check_input_lengths(config, questions[row], contexts[row], where=f"row {row}")

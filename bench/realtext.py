@@ -20,7 +20,9 @@ Stages (outputs under ``--output_dir``, default ``outputs/realtext/<preset>``; o
 
 A rerun of the same command skips every finished stage and cell; a training stage resumes from its checkpoint
 (`clusterformer_research.training.train_stages`, every ``--checkpoint_every`` steps) and a cell from its partial file
-(every ``--eval_log_every`` questions). Stage A and the centroid fit run on ``--threads_a`` threads, the B probes on
+(every ``--eval_log_every`` questions). A process claims the cell it scores, so once a model's training is done a
+second process of the same command (e.g. ``--models clusterformer`` twice) scores the cells the first has not
+reached, on the other core. Stage A and the centroid fit run on ``--threads_a`` threads, the B probes on
 ``--threads``; then with ``--parallel`` (the ``cpu`` preset) each model's work (its start's cells, B, C) runs in its
 own process on ``--threads`` threads, side by side, and without it one model after the other in the main process.
 The plan and its estimated time are printed before anything starts and checked against the first timed steps;
@@ -663,12 +665,63 @@ def summarize(entries: list[dict], **fields) -> dict:
     return cell
 
 
-def score_cell(study: Study, seed: int, stage: str, name: str, model, cell: tuple[str, int], later: float) -> dict:
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def claim_cell(claim: Path) -> int | None:
+    """Claim a cell's ``.claim`` file for this process (its pid, written whole before it appears): None once
+    claimed, else the pid of the live process that holds it; a stopped process's claim is taken over."""
+    own = claim.with_name(f".{claim.name}.{os.getpid()}.tmp")
+    own.write_text(str(os.getpid()))
+    try:
+        for _ in range(3):
+            try:
+                os.link(own, claim)
+                return None
+            except FileExistsError:
+                try:
+                    holder = int(claim.read_text())
+                except (OSError, ValueError):
+                    holder = 0
+                if holder and holder != os.getpid() and process_alive(holder):
+                    return holder
+                claim.unlink(missing_ok=True)  # stopped (or our own, left by a stop of this pid's predecessor)
+        raise SystemExit(f"{claim}: could not claim the cell; remove the file and run the same command again")
+    finally:
+        own.unlink(missing_ok=True)
+
+
+def score_cell(study: Study, seed: int, stage: str, name: str, model, cell: tuple[str, int],
+               later: float) -> dict | None:
     """Score one model on one cell and write its file; resumes from the partial file (every ``--eval_log_every``
-    questions). ``later``: the cost model's seconds of this process's cells after this one (for the ETA line)."""
+    questions). ``later``: the cost model's seconds of this process's cells after this one (for the ETA line).
+
+    A cell is claimed while it is scored (``<cell>.claim``), so a second process of the same command at the cells
+    stage scores the cells the first has not reached: None for a cell another live process holds."""
     path = study.cell_path(seed, stage, name, *cell)
     if path.is_file():
         return read_json(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    claim = path.with_name(path.stem + ".claim")
+    holder = claim_cell(claim)
+    if holder is not None:
+        say(f"[cells {stage}-{name} seed {seed}] {cell_name(*cell)}: scored by process {holder}; skipped here")
+        return None
+    try:
+        return _score_claimed_cell(study, seed, stage, name, model, cell, later, path)
+    finally:
+        claim.unlink(missing_ok=True)
+
+
+def _score_claimed_cell(study: Study, seed: int, stage: str, name: str, model, cell: tuple[str, int], later: float,
+                        path: Path) -> dict:
     a, kind, length = study.args, *cell
     records, features = study.evaluation_set(cell_name(*cell), lambda: study.cell_records(kind, length))
     digest = cell_digest(records)
@@ -698,16 +751,22 @@ def score_cell(study: Study, seed: int, stage: str, name: str, model, cell: tupl
 
 
 def score_cells(study: Study, seed: int, stage: str, models: dict, cells: list[tuple[str, int]]) -> None:
-    """Score every model on every cell, cell by cell (each cell's inputs are built once for all models)."""
+    """Score every model on every cell, cell by cell (each cell's inputs are built once for all models), but the
+    cells another process is scoring (`score_cell`)."""
     a = study.args
     pending = [(cell, name) for cell in cells for name in models
                if not study.cell_path(seed, stage, name, *cell).is_file()]
+    elsewhere = []
     for i, (cell, name) in enumerate(pending):
         if study.out_of_time():
             say(f"[cells {stage} seed {seed}] out of time (--time_limit {a.time_limit} s): {len(pending) - i} left")
             return
         later = sum(cell_seconds(a, n, *c, len(study.questions()[0])) for c, n in pending[i + 1:])
-        score_cell(study, seed, stage, name, models[name], cell, later)
+        if score_cell(study, seed, stage, name, models[name], cell, later) is None:
+            elsewhere.append(f"{name} {cell_name(*cell)}")
+    if elsewhere:
+        say(f"[cells {stage} seed {seed}] left to other processes: {', '.join(elsewhere)}; once they end, the same "
+            "command (or --report_only) completes the record")
 
 
 def quick_scores(model, study: Study, key: str, records: list[dict]) -> dict:

@@ -184,6 +184,36 @@ def test_a_cell_resumes_from_its_partial_file(tmp_path, realtext, reference, cap
     assert not path.with_name("same-400.partial.json").exists()
 
 
+def test_a_cell_another_process_scores_is_left_to_it(tmp_path, realtext, reference, capsys):
+    """A cell claimed by a live process is skipped (a second process of the same command takes the other cells); a
+    stopped process's claim is taken over and the cell scored, its claim gone after."""
+    run = reference / "realtext" / "run"
+    (tmp_path / "seed0").mkdir()
+    for name in ("init", "config.json"):
+        (tmp_path / name).symlink_to(run / name)
+    (tmp_path / "seed0" / "B").symlink_to(run / "seed0" / "B")
+    study = realtext.Study(realtext.parse_args(["--preset", "tiny", "--output_dir", str(tmp_path)]))
+    path = study.cell_path(0, "B", "sliding", "same", 400)
+    claim = path.with_name("same-400.claim")
+    model = realtext.load_model(run / "seed0/B/sliding/model", study)
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        path.parent.mkdir(parents=True)
+        claim.write_text(str(holder.pid))
+        realtext.score_cells(study, 0, "B", {"sliding": model}, [("same", 400)])
+        assert not path.exists() and claim.read_text() == str(holder.pid)
+        out = capsys.readouterr().out
+        assert f"same-400: scored by process {holder.pid}; skipped here" in out
+        assert "left to other processes: sliding same-400" in out
+    finally:
+        holder.kill()
+        holder.wait()
+    cell = realtext.score_cell(study, 0, "B", "sliding", model, ("same", 400), 0.0)
+    finished = json.loads((run / "seed0/cells/B-sliding/same-400.json").read_text())
+    assert (cell["em"], cell["f1"]) == (finished["em"], finished["f1"]) and path.is_file()
+    assert sorted(p.name for p in path.parent.iterdir()) == ["same-400.json"]
+
+
 def test_paired_bootstrap_on_known_inputs(realtext):
     bootstrap = realtext.paired_bootstrap
     constant = bootstrap([50, 60, 70, 80], [45, 55, 65, 75], samples=500)

@@ -665,14 +665,20 @@ def summarize(entries: list[dict], **fields) -> dict:
     return cell
 
 
-def process_alive(pid: int) -> bool:
+def study_process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs, and (where ``/proc`` tells) names realtext in its command line (this script, or
+    a script beside a study's records): a pid left in a claim by a stopped session may be another program's now."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True  # no /proc: trust the pid
+    return b"realtext" in command
 
 
 def claim_cell(claim: Path) -> int | None:
@@ -690,7 +696,7 @@ def claim_cell(claim: Path) -> int | None:
                     holder = int(claim.read_text())
                 except (OSError, ValueError):
                     holder = 0
-                if holder and holder != os.getpid() and process_alive(holder):
+                if holder and holder != os.getpid() and study_process_alive(holder):
                     return holder
                 claim.unlink(missing_ok=True)  # stopped (or our own, left by a stop of this pid's predecessor)
         raise SystemExit(f"{claim}: could not claim the cell; remove the file and run the same command again")

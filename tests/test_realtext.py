@@ -185,8 +185,9 @@ def test_a_cell_resumes_from_its_partial_file(tmp_path, realtext, reference, cap
 
 
 def test_a_cell_another_process_scores_is_left_to_it(tmp_path, realtext, reference, capsys):
-    """A cell claimed by a live process is skipped (a second process of the same command takes the other cells); a
-    stopped process's claim is taken over and the cell scored, its claim gone after."""
+    """A cell claimed by a live study process is skipped (a second process of the same command takes the other
+    cells); a claim whose pid now runs another program, or a stopped process's, is taken over and the cell scored,
+    its claim gone after."""
     run = reference / "realtext" / "run"
     (tmp_path / "seed0").mkdir()
     for name in ("init", "config.json"):
@@ -196,9 +197,12 @@ def test_a_cell_another_process_scores_is_left_to_it(tmp_path, realtext, referen
     path = study.cell_path(0, "B", "sliding", "same", 400)
     claim = path.with_name("same-400.claim")
     model = realtext.load_model(run / "seed0/B/sliding/model", study)
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    holder, other = subprocess.Popen([*sleep, "realtext.py"]), subprocess.Popen(sleep)
     try:
         path.parent.mkdir(parents=True)
+        claim.write_text(str(other.pid))
+        assert realtext.claim_cell(claim) is None and claim.read_text() == str(os.getpid())
         claim.write_text(str(holder.pid))
         realtext.score_cells(study, 0, "B", {"sliding": model}, [("same", 400)])
         assert not path.exists() and claim.read_text() == str(holder.pid)
@@ -206,8 +210,9 @@ def test_a_cell_another_process_scores_is_left_to_it(tmp_path, realtext, referen
         assert f"same-400: scored by process {holder.pid}; skipped here" in out
         assert "left to other processes: sliding same-400" in out
     finally:
-        holder.kill()
-        holder.wait()
+        for process in (holder, other):
+            process.kill()
+            process.wait()
     cell = realtext.score_cell(study, 0, "B", "sliding", model, ("same", 400), 0.0)
     finished = json.loads((run / "seed0/cells/B-sliding/same-400.json").read_text())
     assert (cell["em"], cell["f1"]) == (finished["em"], finished["f1"]) and path.is_file()

@@ -20,9 +20,9 @@ Stages (outputs under ``--output_dir``, default ``outputs/realtext/<preset>``; o
 
 A rerun of the same command skips every finished stage and cell; a training stage resumes from its checkpoint
 (`clusterformer_research.training.train_stages`, every ``--checkpoint_every`` steps) and a cell from its partial file
-(every ``--eval_log_every`` questions). A process claims the cell it scores, so once a model's training is done a
-second process of the same command (e.g. ``--models clusterformer`` twice) scores the cells the first has not
-reached, on the other core. Stage A and the centroid fit run on ``--threads_a`` threads, the B probes on
+(every ``--eval_log_every`` questions). A process claims the stage or cell it runs (a ``.claim`` file with its pid):
+a second process of the same command waits for a stage another one runs and takes the cells it has not reached, so
+``--models clusterformer`` started twice puts both cores on that model's cells once its stage B is done. Stage A and the centroid fit run on ``--threads_a`` threads, the B probes on
 ``--threads``; then with ``--parallel`` (the ``cpu`` preset) each model's work (its start's cells, B, C) runs in its
 own process on ``--threads`` threads, side by side, and without it one model after the other in the main process.
 The plan and its estimated time are printed before anything starts and checked against the first timed steps;
@@ -38,6 +38,7 @@ The plan and its estimated time are printed before anything starts and checked a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -521,14 +522,15 @@ def convert_init(study: Study) -> Path:
     """MiniLM converted with no cluster layer (its first ``--layers`` layers, 0: all; the same QA head
     initialisation for every seed): ``init/``."""
     a, target = study.args, study.out / "init"
-    if not (target / "config.json").is_file():
-        source = pretrained_source(a)
+    with held(study.out / "init.claim", "[init]"):
+        if (target / "config.json").is_file():
+            return target
         scratch = target.with_name("init.partial")
         with quiet_loading():
-            convert_checkpoint(source, scratch, cluster_layers=[], num_hidden_layers=a.layers or None,
-                               window_size=a.window_size,
-                               window_stride=a.window_stride, max_question_length=a.max_question_length,
-                               max_context_length=1 << 17, seed=0, overwrite=True)
+            convert_checkpoint(pretrained_source(a), scratch, cluster_layers=[], num_hidden_layers=a.layers or None,
+                               window_size=a.window_size, window_stride=a.window_stride,
+                               max_question_length=a.max_question_length, max_context_length=1 << 17, seed=0,
+                               overwrite=True)
         os.replace(scratch, target)
     return target
 
@@ -675,33 +677,52 @@ def study_process_alive(pid: int) -> bool:
     except PermissionError:
         pass
     try:
+        if Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] in "ZX":
+            return False  # ended, not yet reaped
         command = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
+    except (OSError, IndexError):
         return True  # no /proc: trust the pid
-    return b"realtext" in command
+    return not command or b"realtext" in command  # empty for a moment after a fork: trust the pid
 
 
-def claim_cell(claim: Path) -> int | None:
-    """Claim a cell's ``.claim`` file for this process (its pid, written whole before it appears): None once
-    claimed, else the pid of the live process that holds it; a stopped process's claim is taken over."""
-    own = claim.with_name(f".{claim.name}.{os.getpid()}.tmp")
+def claim(path: Path) -> int | None:
+    """Claim a stage's or cell's ``.claim`` file for this process (its pid, written whole before it appears): None
+    once claimed, else the pid of the live study process that holds it; a stopped process's claim is taken over."""
+    own = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     own.write_text(str(os.getpid()))
     try:
         for _ in range(3):
             try:
-                os.link(own, claim)
+                os.link(own, path)
                 return None
             except FileExistsError:
                 try:
-                    holder = int(claim.read_text())
+                    holder = int(path.read_text())
                 except (OSError, ValueError):
                     holder = 0
                 if holder and holder != os.getpid() and study_process_alive(holder):
                     return holder
-                claim.unlink(missing_ok=True)  # stopped (or our own, left by a stop of this pid's predecessor)
-        raise SystemExit(f"{claim}: could not claim the cell; remove the file and run the same command again")
+                path.unlink(missing_ok=True)  # stopped (or our own, left by a stop of this pid's predecessor)
+        raise SystemExit(f"{path}: could not claim it; remove the file and run the same command again")
     finally:
         own.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def held(path: Path, label: str, poll_seconds: float = 30.0):
+    """Run a stage while holding its claim (`claim`); while another live study process holds it, wait for it (the
+    stage is then done, and skipped), so that a second command started early never trains the same stage twice."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    told = False
+    while (holder := claim(path)) is not None:
+        if not told:
+            say(f"{label} run by process {holder}: waiting for it")
+            told = True
+        time.sleep(poll_seconds)
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
 
 
 def score_cell(study: Study, seed: int, stage: str, name: str, model, cell: tuple[str, int],
@@ -715,15 +736,15 @@ def score_cell(study: Study, seed: int, stage: str, name: str, model, cell: tupl
     if path.is_file():
         return read_json(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    claim = path.with_name(path.stem + ".claim")
-    holder = claim_cell(claim)
+    claimed = path.with_name(path.stem + ".claim")
+    holder = claim(claimed)
     if holder is not None:
         say(f"[cells {stage}-{name} seed {seed}] {cell_name(*cell)}: scored by process {holder}; skipped here")
         return None
     try:
         return _score_claimed_cell(study, seed, stage, name, model, cell, later, path)
     finally:
-        claim.unlink(missing_ok=True)
+        claimed.unlink(missing_ok=True)
 
 
 def _score_claimed_cell(study: Study, seed: int, stage: str, name: str, model, cell: tuple[str, int], later: float,
@@ -886,6 +907,11 @@ def budget_check(study: Study, stage: str, measured: float, predicted: float) ->
 
 def stage_a(study: Study, seed: int) -> None:
     """Paragraph QA fine-tune of the converted MiniLM: ``A/model``, resumable from ``A/checkpoint``."""
+    with held(study.seed_dir(seed) / "A.claim", f"[A seed {seed}]"):
+        _stage_a(study, seed)
+
+
+def _stage_a(study: Study, seed: int) -> None:
     a, folder = study.args, study.seed_dir(seed) / "A"
     if (folder / "model" / "record.json").is_file():
         say(f"[A seed {seed}] done ({folder / 'model'}): skipped")
@@ -925,6 +951,11 @@ def stage_a(study: Study, seed: int) -> None:
 def fit_start(study: Study, seed: int) -> None:
     """Cluster-Former's start: stage A's weights with a cluster layer, its centroids fitted on states banked by
     train-mode forward passes (no gradients) over stage B's first ``--fit_batches`` batches."""
+    with held(study.seed_dir(seed) / "fit.claim", f"[fit seed {seed}]"):
+        _fit_start(study, seed)
+
+
+def _fit_start(study: Study, seed: int) -> None:
     a, target = study.args, study.start_path(seed, "clusterformer")
     if (target / "record.json").is_file():
         say(f"[fit seed {seed}] done ({target}): skipped")
@@ -999,6 +1030,11 @@ def size_b(study: Study, seed: int) -> int:
 def train_b(study: Study, seed: int, name: str, steps: int):
     """Stage B for ``name`` from its start: ``B/<name>/model`` (centroids refitted once more after the last step),
     resumable from ``B/<name>/checkpoint``."""
+    with held(study.seed_dir(seed) / "B" / f"{name}.claim", f"[B {name} seed {seed}]"):
+        return _train_b(study, seed, name, steps)
+
+
+def _train_b(study: Study, seed: int, name: str, steps: int):
     a, folder = study.args, study.seed_dir(seed) / "B" / name
     if (folder / "model" / "record.json").is_file():
         say(f"[B {name} seed {seed}] done: skipped")

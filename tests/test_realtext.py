@@ -202,7 +202,7 @@ def test_a_cell_another_process_scores_is_left_to_it(tmp_path, realtext, referen
     try:
         path.parent.mkdir(parents=True)
         claim.write_text(str(other.pid))
-        assert realtext.claim_cell(claim) is None and claim.read_text() == str(os.getpid())
+        assert realtext.claim(claim) is None and claim.read_text() == str(os.getpid())
         claim.write_text(str(holder.pid))
         realtext.score_cells(study, 0, "B", {"sliding": model}, [("same", 400)])
         assert not path.exists() and claim.read_text() == str(holder.pid)
@@ -217,6 +217,22 @@ def test_a_cell_another_process_scores_is_left_to_it(tmp_path, realtext, referen
     finished = json.loads((run / "seed0/cells/B-sliding/same-400.json").read_text())
     assert (cell["em"], cell["f1"]) == (finished["em"], finished["f1"]) and path.is_file()
     assert sorted(p.name for p in path.parent.iterdir()) == ["same-400.json"]
+
+
+def test_a_stage_another_study_process_runs_is_waited_for(tmp_path, realtext, capsys):
+    """A second command started while a stage runs waits for it instead of training the same stage again."""
+    path = tmp_path / "seed0" / "A.claim"
+    path.parent.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)", "realtext.py"])
+    path.write_text(str(holder.pid))
+    try:
+        with realtext.held(path, "[A seed 0]", poll_seconds=0.1):
+            assert holder.poll() is not None and path.read_text() == str(os.getpid())
+    finally:
+        holder.kill()
+        holder.wait()
+    assert f"[A seed 0] run by process {holder.pid}: waiting for it" in capsys.readouterr().out
+    assert not path.exists()
 
 
 def test_paired_bootstrap_on_known_inputs(realtext):

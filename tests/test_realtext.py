@@ -163,14 +163,19 @@ def test_a_run_killed_in_stage_b_resumes_to_the_same_cells(tmp_path, realtext, r
     assert _cells(tmp_path / "record") == _cells(reference / "realtext")
 
 
+def _study_after_b(realtext, reference: Path, folder: Path):
+    """The reference run's folder and a study in ``folder`` that shares its finished stages but no cell."""
+    run = reference / "realtext" / "run"
+    (folder / "seed0").mkdir()
+    for name in ("init", "config.json"):
+        (folder / name).symlink_to(run / name)
+    (folder / "seed0" / "B").symlink_to(run / "seed0" / "B")
+    return run, realtext.Study(realtext.parse_args(["--preset", "tiny", "--output_dir", str(folder)]))
+
+
 def test_a_cell_resumes_from_its_partial_file(tmp_path, realtext, reference, capsys):
     """A cell stopped after two questions goes on from the third and ends as the uninterrupted one."""
-    run = reference / "realtext" / "run"
-    (tmp_path / "seed0").mkdir()
-    for name in ("init", "config.json"):
-        (tmp_path / name).symlink_to(run / name)
-    (tmp_path / "seed0" / "B").symlink_to(run / "seed0" / "B")
-    study = realtext.Study(realtext.parse_args(["--preset", "tiny", "--output_dir", str(tmp_path)]))
+    run, study = _study_after_b(realtext, reference, tmp_path)
     finished = json.loads((run / "seed0/cells/B-sliding/same-400.json").read_text())
     path = study.cell_path(0, "B", "sliding", "same", 400)
     realtext.write_json(path.with_name("same-400.partial.json"),
@@ -188,12 +193,7 @@ def test_a_cell_another_process_scores_is_left_to_it(tmp_path, realtext, referen
     """A cell claimed by a live study process is skipped (a second process of the same command takes the other
     cells); a claim whose pid now runs another program, or a stopped process's, is taken over and the cell scored,
     its claim gone after."""
-    run = reference / "realtext" / "run"
-    (tmp_path / "seed0").mkdir()
-    for name in ("init", "config.json"):
-        (tmp_path / name).symlink_to(run / name)
-    (tmp_path / "seed0" / "B").symlink_to(run / "seed0" / "B")
-    study = realtext.Study(realtext.parse_args(["--preset", "tiny", "--output_dir", str(tmp_path)]))
+    run, study = _study_after_b(realtext, reference, tmp_path)
     path = study.cell_path(0, "B", "sliding", "same", 400)
     claim = path.with_name("same-400.claim")
     model = realtext.load_model(run / "seed0/B/sliding/model", study)

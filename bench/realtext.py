@@ -22,9 +22,10 @@ A rerun of the same command skips every finished stage and cell; a training stag
 (`clusterformer_research.training.train_stages`, every ``--checkpoint_every`` steps) and a cell from its partial file
 (every ``--eval_log_every`` questions). A process claims the stage or cell it runs (a ``.claim`` file with its pid):
 a second process of the same command waits for a stage another one runs and takes the cells it has not reached, so
-``--models clusterformer`` started twice puts both cores on that model's cells once its stage B is done. Stage A and the centroid fit run on ``--threads_a`` threads, the B probes on
-``--threads``; then with ``--parallel`` (the ``cpu`` preset) each model's work (its start's cells, B, C) runs in its
-own process on ``--threads`` threads, side by side, and without it one model after the other in the main process.
+``--models clusterformer`` started twice puts both cores on that model's cells once its stage B is done. Stage A
+and the centroid fit run on ``--threads_a`` threads, the B probes on ``--threads``; then with ``--parallel`` (the
+``cpu`` preset) each model's work (its start's cells, B, C) runs in its own process on ``--threads`` threads, side by
+side, and without it one model after the other in the main process.
 The plan and its estimated time are printed before anything starts and checked against the first timed steps;
 ``results.md``, ``f1_vs_length.png``, ``summary.json`` and every cell's JSON go to ``--record_dir`` (default
 ``bench/measured/realtext/<preset>``)::

@@ -268,10 +268,11 @@ def test_convert_roberta_checkpoint(roberta_qa, workdir, capsys):
     assert "(layers ['sliding', 'cluster'], 4 clusters" in capsys.readouterr().out
     # Row: the flag's help promised one kind per layer, but a second kind was an "unrecognized argument"
     per_layer = workdir / "per-layer"
-    assert main(["convert", str(roberta_qa), str(per_layer), "--cluster-layers", "0", "1", "--global-layer-type",
+    assert main(["convert", str(roberta_qa), str(per_layer), "--cluster-layers", "1", "0", "--global-layer-type",
                  "lsh", "cluster", "--num-clusters", "4", "--window-size", "32", "--window-stride", "24",
                  "--max-question-length", "16"]) == 0
-    assert "(layers ['lsh', 'cluster'], 4 clusters" in capsys.readouterr().out
+    # Row: with the indices out of order, each kind landed on the other's layer
+    assert "(layers ['cluster', 'lsh'], 4 clusters" in capsys.readouterr().out
 
     retyped = workdir / "retyped"  # layer kinds replace a Cluster-Former source's placement
     argv = ["convert", str(target), str(retyped), "--layer-kinds", "sliding", "lsh", "--no-use-answerability-head"]

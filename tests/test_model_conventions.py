@@ -132,7 +132,7 @@ def test_left_padding_gives_the_right_padded_outputs():
 
 def test_layer_kinds_is_the_one_stored_list_and_the_shortcuts_are_constructor_arguments(tmp_path):
     config = ClusterFormerConfig(num_hidden_layers=4, cluster_layers=[3, 1], global_layer_type=["lsh", "cluster"])
-    assert config.layer_kinds == ["sliding", "lsh", "sliding", "cluster"]  # sorted layers, kinds in given order
+    assert config.layer_kinds == ["sliding", "cluster", "sliding", "lsh"]  # Row: paired with the indices as given
     assert not hasattr(config, "cluster_layers") and not hasattr(config, "global_layer_type")
     config = ClusterFormerConfig(num_hidden_layers=4, layer_types=["sliding", "sparse", "sliding", "sparse"])
     assert (config.layer_kinds, config.global_layers) == (["sliding", "sparse", "sliding", "sparse"], [1, 3])
@@ -223,8 +223,10 @@ def test_a_value_out_of_range_is_one_line_naming_the_field_when_given_or_set():
     (dict(cluster_layers=[1], global_layer_type=["lsh", "cluster"]),
      r"^global_layer_type lists 2 kinds but cluster_layers has 1 entries; give one kind or one per cluster layer\.$"),
     (dict(global_layer_type="dense"), r"^global_layer_type 'dense' is unknown; choose from \('cluster', "),
+    (dict(cluster_layers=[1, 1], global_layer_type=["lsh", "cluster"]),
+     r"^cluster_layers lists layer 1 twice; give each layer once\.$"),
     (dict(custom_pipelines=["x"]), r"^custom_pipelines must be an object \(names to classes\), got \['x'\]\.$"),
-], ids=["layer_types", "indices", "kinds-count", "unknown-kind", "custom_pipelines"])
+], ids=["layer_types", "indices", "kinds-count", "unknown-kind", "twice", "custom_pipelines"])
 def test_every_rule_of_the_kinds_and_the_maps_is_one_line_naming_the_argument(arguments, message):
     with pytest.raises(ValueError, match=message):
         ClusterFormerConfig(num_hidden_layers=2, **arguments)

@@ -62,12 +62,15 @@ def read_layer_kinds(depth: int, kinds: list[str] | None, arguments: dict, store
     layers = given.get("cluster_layers", kept if base is not None else default_cluster_layers(depth))
     if not isinstance(layers, (list, tuple)) or any(type(i) is not int for i in layers):
         raise ValueError(f"cluster_layers must be a list of layer indices, got {layers!r}.")
-    layers, outside = sorted(set(layers)), [i for i in layers if not 0 <= i < depth]
+    outside, twice = [i for i in layers if not 0 <= i < depth], [i for i in layers if layers.count(i) > 1]
     if outside:
         raise ValueError(f"cluster_layers holds {outside[0]}, outside the {depth} encoder layers (0..{depth - 1}).")
+    if twice:
+        raise ValueError(f"cluster_layers lists layer {twice[0]} twice; give each layer once.")
     own = [base[i] for i in kept]
-    kept_kind = own[0] if len(set(own)) == 1 else own if layers == kept else DEFAULT_GLOBAL_LAYER_TYPE
+    kept_kind = own[0] if len(set(own)) == 1 else own if sorted(layers) == kept else DEFAULT_GLOBAL_LAYER_TYPE
     kind = given.get("global_layer_type", kept_kind)
+    layers = kept if kind is own else list(layers)  # kinds pair with the layers in the order given
     spelt = [kind] * len(layers) if isinstance(kind, str) else list(kind) * (len(layers) if len(kind) == 1 else 1)
     unknown = [k for k in spelt if k not in GLOBAL_LAYER_TYPES]
     if unknown:

@@ -274,6 +274,13 @@ def test_convert_roberta_checkpoint(roberta_qa, workdir, capsys):
     # Row: with the indices out of order, each kind landed on the other's layer
     assert "(layers ['cluster', 'lsh'], 4 clusters" in capsys.readouterr().out
 
+    # Row: a layer added to a converted sliding-window model was the paper's replacing kind, not the pretrained default
+    plain, added = workdir / "plain", workdir / "added"
+    assert main(["convert", str(roberta_qa), str(plain), "--cluster-layers", "--window-size", "32", "--window-stride",
+                 "24", "--max-question-length", "16"]) == 0
+    assert main(["convert", str(plain), str(added), "--cluster-layers", "1", "--num-clusters", "4"]) == 0
+    assert "(layers ['sliding', 'window_cluster'], 4 clusters" in capsys.readouterr().out
+
     retyped = workdir / "retyped"  # layer kinds replace a Cluster-Former source's placement
     argv = ["convert", str(target), str(retyped), "--layer-kinds", "sliding", "lsh", "--no-use-answerability-head"]
     assert main(argv) == 0

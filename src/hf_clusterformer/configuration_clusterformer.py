@@ -45,10 +45,11 @@ def default_cluster_layers(num_hidden_layers: int) -> list[int]:
     return sorted({min(num_hidden_layers - 1, max(1, int(i * num_hidden_layers / 24 + 0.5))) for i in (15, 20)})
 
 
-def read_layer_kinds(depth: int, kinds: list[str] | None, arguments: dict, stored: list[str] | None = None
-                     ) -> list[str]:
+def read_layer_kinds(depth: int, kinds: list[str] | None, arguments: dict, stored: list[str] | None = None,
+                     new_kind: str = DEFAULT_GLOBAL_LAYER_TYPE) -> list[str]:
     """The kinds that ``kinds`` and the shortcuts popped from ``arguments`` spell (`ValueError` if they disagree): the
-    ``global_layer_type`` at the ``cluster_layers``; one left out keeps ``kinds`` or ``stored``, else the default."""
+    ``global_layer_type`` at the ``cluster_layers``; left out, each layer keeps its kind in ``kinds`` or ``stored``
+    and a new one takes theirs when they have one, else ``new_kind``."""
     former = arguments.pop("layer_types", None)
     if former is not None:
         if kinds is not None and list(kinds) != list(former):
@@ -67,10 +68,9 @@ def read_layer_kinds(depth: int, kinds: list[str] | None, arguments: dict, store
         raise ValueError(f"cluster_layers holds {outside[0]}, outside the {depth} encoder layers (0..{depth - 1}).")
     if twice:
         raise ValueError(f"cluster_layers lists layer {twice[0]} twice; give each layer once.")
-    own = [base[i] for i in kept]
-    kept_kind = own[0] if len(set(own)) == 1 else own if sorted(layers) == kept else DEFAULT_GLOBAL_LAYER_TYPE
-    kind = given.get("global_layer_type", kept_kind)
-    layers = kept if kind is own else list(layers)  # kinds pair with the layers in the order given
+    own = {i: base[i] for i in kept}
+    fallback = next(iter(own.values())) if len(set(own.values())) == 1 else new_kind
+    kind = given.get("global_layer_type", [own.get(i, fallback) for i in layers])
     spelt = [kind] * len(layers) if isinstance(kind, str) else list(kind) * (len(layers) if len(kind) == 1 else 1)
     unknown = [k for k in spelt if k not in GLOBAL_LAYER_TYPES]
     if unknown:
@@ -242,13 +242,15 @@ class ClusterFormerConfig(RobertaConfig):
         spelling = {"layer_kinds", *LAYER_KIND_SHORTCUTS}
         config_dict = dict(config_dict)
         named = {"layer_kinds", *LAYER_KIND_SHORTCUTS[1:]} & {k for k, v in {**config_dict, **kwargs}.items() if v}
-        if config_dict.pop(PRETRAINED_ENCODER, False) and not named:
+        pretrained = config_dict.pop(PRETRAINED_ENCODER, False)
+        if pretrained and not named:
             kwargs = {**kwargs, "global_layer_type": PRETRAINED_GLOBAL_LAYER_TYPE}
         try:
             if set(kwargs) & {"num_hidden_layers", *spelling}:
                 stored = cls(**config_dict).layer_kinds if spelling & set(config_dict) else None
                 depth = kwargs.pop("num_hidden_layers", config_dict.get("num_hidden_layers", cls.num_hidden_layers))
-                kinds = read_layer_kinds(depth, kwargs.pop("layer_kinds", None), kwargs, stored)
+                kinds = read_layer_kinds(depth, kwargs.pop("layer_kinds", None), kwargs, stored,
+                                         PRETRAINED_GLOBAL_LAYER_TYPE if pretrained else DEFAULT_GLOBAL_LAYER_TYPE)
                 config_dict = {**{k: v for k, v in config_dict.items() if k not in spelling},
                                "num_hidden_layers": depth, "layer_kinds": kinds}
             return super().from_dict(config_dict, **kwargs)

@@ -456,7 +456,7 @@ def _converted_model(
         values, state = _bert_as_roberta(src, source, tokenizer, hub_kwargs, heads.built)
     else:
         values = _plain_values(source)
-    config = _merged_config({**values, PRETRAINED_ENCODER: source.model_type in ("roberta", "bert")}, options)
+    config = _merged_config({**values, PRETRAINED_ENCODER: True}, options)  # trained weights, whatever the source
     if state is None:
         # centroids saved for another cluster layout start afresh (seeded, not fitted)
         with _drawn_head_said_here():

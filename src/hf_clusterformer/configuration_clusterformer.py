@@ -241,12 +241,9 @@ class ClusterFormerConfig(RobertaConfig):
         given = set(kwargs) & {*cls.__dataclass_fields__, *LAYER_KIND_SHORTCUTS}
         spelling = {"layer_kinds", *LAYER_KIND_SHORTCUTS}
         config_dict = dict(config_dict)
-        named = {"layer_kinds", *LAYER_KIND_SHORTCUTS[1:]} & {k for k, v in {**config_dict, **kwargs}.items() if v}
-        pretrained = config_dict.pop(PRETRAINED_ENCODER, False)
-        if pretrained and not named:
-            kwargs = {**kwargs, "global_layer_type": PRETRAINED_GLOBAL_LAYER_TYPE}
+        pretrained = config_dict.pop(PRETRAINED_ENCODER, False)  # trained weights: new global layers add, not replace
         try:
-            if set(kwargs) & {"num_hidden_layers", *spelling}:
+            if pretrained or set(kwargs) & {"num_hidden_layers", *spelling}:
                 stored = cls(**config_dict).layer_kinds if spelling & set(config_dict) else None
                 depth = kwargs.pop("num_hidden_layers", config_dict.get("num_hidden_layers", cls.num_hidden_layers))
                 kinds = read_layer_kinds(depth, kwargs.pop("layer_kinds", None), kwargs, stored,

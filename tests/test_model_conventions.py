@@ -214,6 +214,18 @@ def test_a_value_out_of_range_is_one_line_naming_the_field_when_given_or_set():
         ClusterFormerConfig(auto_map=["x"])
     with pytest.raises(StrictDataclassError, match="window_size"):
         ClusterFormerConfig(window_size="many")
+    # Row: a value of the wrong type was @strict's two-line StrictDataclassFieldValidationError, no ValueError
+    for attempt, message in [
+        (lambda: ClusterFormerConfig(route_by="key"), "route_by='key' was given, but route_by takes one of 'states', "
+                                                      "'keys'."),
+        (lambda: ClusterFormerConfig(use_answerability_head="yes"), "use_answerability_head='yes' was given, but "
+                                                                    "use_answerability_head takes True or False."),
+        (lambda: setattr(tiny_config(), "num_clusters", "8"), "num_clusters='8' was given, but num_clusters takes an "
+                                                               "integer."),
+    ]:
+        with pytest.raises(ValueError) as raised:
+            attempt()
+        assert isinstance(raised.value, StrictDataclassError) and str(raised.value) == message
 
 
 @pytest.mark.parametrize("arguments, message", [

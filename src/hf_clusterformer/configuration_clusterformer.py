@@ -112,35 +112,44 @@ class ConfigValueError(ValueError):
         return ConfigValueError(self.problem, source if source.endswith(".json") else f"{source}/config.json")
 
 
-def _takes(annotation: Any) -> str:
-    """What a field of type ``annotation`` takes, in words."""
+def _takes(annotation: Any, python: bool = False) -> str:
+    """What a field of type ``annotation`` takes, in words (of JSON, or of Python with ``python``)."""
     origin, args = get_origin(annotation), get_args(annotation)
     if origin is Literal:
-        return "one of " + ", ".join(json.dumps(arg) for arg in args)
+        return "one of " + ", ".join(repr(arg) if python else json.dumps(arg) for arg in args)
     if origin in (Union, types.UnionType):
-        return ", or ".join(_takes(arg) for arg in args)
+        return ", or ".join(_takes(arg, python) for arg in args)
     if origin in (list, tuple):
-        return f"a list, each entry {_takes(args[0])}" if args else "a list"
-    words = {int: "an integer", float: "a number", bool: "true or false", str: "a string", type(None): "null"}
+        return f"a list, each entry {_takes(args[0], python)}" if args else "a list"
+    words = {int: "an integer", float: "a number", bool: "True or False" if python else "true or false",
+             str: "a string", type(None): "None" if python else "null"}
     return "an object" if dict in (annotation, origin) else words.get(annotation, str(annotation))
+
+
+class OptionTypeError(StrictDataclassFieldValidationError, ValueError):
+    """``@strict``'s refusal of a value of the wrong type, in one line naming the field and what it takes."""
+
+    def __init__(self, field: str, value: Any, takes: str):
+        Exception.__init__(self, f"{field}={value!r} was given, but {field} takes {takes}.")
+        self.field = field
 
 
 def _type_error(cls: type, error: StrictDataclassError, values: dict, given: set[str]) -> ValueError:
     """``@strict``'s refusal in one line: `ConfigValueError` for the file's value, `ValueError` for one ``given``."""
-    field = str(error).split("'")[1]
+    field = getattr(error, "field", None) or str(error).split("'")[1]
     if not isinstance(error, StrictDataclassFieldValidationError):
         problem = " ".join(str(error.__cause__ or error).split())
         return ValueError(problem) if given else ConfigValueError(problem)
-    takes = _takes(cls.__dataclass_fields__[field].type)
     if field in given:
-        return ValueError(f"{field}={values.get(field)!r} was given, but {field} takes {takes}.")
-    return ConfigValueError(f"{field} is {json.dumps(values.get(field), default=repr)}, but it takes {takes}; "
-                            "correct it there.")
+        return OptionTypeError(field, values.get(field), _takes(cls.__dataclass_fields__[field].type, python=True))
+    return ConfigValueError(f"{field} is {json.dumps(values.get(field), default=repr)}, but it takes "
+                            f"{_takes(cls.__dataclass_fields__[field].type)}; correct it there.")
 
 
 def _one_line_ranges(cls: type) -> type:
-    """A value out of range refused in one line naming the field (a wrong type stays ``@strict``'s error); no shortcut
-    set as an attribute (it would be saved, then clash on loading)."""
+    """A value out of range (`ValueError`) or of the wrong type (`OptionTypeError`, still ``@strict``'s error class)
+    refused in one line naming the field; no shortcut set as an attribute (it would be saved, then clash on
+    loading)."""
     strict_setattr = cls.__setattr__
 
     def __setattr__(self, key: str, value: Any) -> None:
@@ -150,6 +159,9 @@ def _one_line_ranges(cls: type) -> type:
         try:
             strict_setattr(self, key, value)
         except StrictDataclassFieldValidationError as error:
+            if isinstance(error.__cause__, TypeError) and key in type(self).__dataclass_fields__:
+                takes = _takes(type(self).__dataclass_fields__[key].type, python=True)
+                raise OptionTypeError(key, value, takes) from None
             if not isinstance(error.__cause__, ValueError):
                 raise
             message = " ".join(str(error.__cause__).split()).removeprefix("Value ").rstrip(".") + "."  # "Value must"
@@ -331,4 +343,4 @@ class ClusterFormerConfig(RobertaConfig):
                 raise ValueError(f"{name} must be an object (names to classes), got {getattr(self, name)!r}.")
 
 
-__all__ = ["ClusterFormerConfig", "ConfigValueError", "required_position_embeddings"]
+__all__ = ["ClusterFormerConfig", "ConfigValueError", "OptionTypeError", "required_position_embeddings"]

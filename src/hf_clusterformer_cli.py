@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.metadata
 import json
 import os
-import platform
 import signal
 import sys
 import time
@@ -22,13 +20,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from hf_clusterformer_cli_support import (
-    MAX_CONTEXT_LENGTH,
     CommandError,
     OneLineParser,
     add_option_flags,
+    context_length,
     convert_command,
     expand_home,
     expand_home_options,
+    positive_int,
+    read_text,
+    version_line,
 )
 from hf_clusterformer_heads import architectures_task, find_head, head_names, head_tasks
 from hf_clusterformer_sources import check_local_source
@@ -43,45 +44,9 @@ def _finished(what: str | None, pending: str | None = None) -> None:
     _PROGRESS.update(done=what, pending=pending)
 
 
-def _positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value!r}")
-    return number
-
-
-def _context_length(value: str) -> int:
-    """A ``--max-context-length``: a positive integer up to `MAX_CONTEXT_LENGTH`."""
-    number = _positive_int(value)
-    if number > MAX_CONTEXT_LENGTH:
-        raise argparse.ArgumentTypeError(f"must be at most {MAX_CONTEXT_LENGTH} tokens, got {value}")
-    return number
-
-
-def _read_text(path: str, what: str) -> str:
-    """A UTF-8 text file (``-``: standard input) as it is, line ends included (so answer offsets index the file's own
-    characters, from a file and from standard input alike), with one-line errors naming it."""
-    try:
-        if path == "-":
-            return sys.stdin.buffer.read().decode("utf-8")
-        if os.path.isdir(path):
-            raise CommandError(f"{what} {path} is a folder; give a text file (or - for standard input).")
-        if not os.path.isfile(path):
-            raise CommandError(f"{what} {path} does not exist.")
-        return Path(path).read_bytes().decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise CommandError(
-            f"{what} {path} is not UTF-8 text (byte {error.object[error.start]:#04x} at offset {error.start}); "
-            "save it as UTF-8."
-        ) from error
-
-
 def _read_inputs(args: argparse.Namespace) -> tuple[str, str]:
     """The question and the context file's text of predict / inspect."""
-    context = _read_text(args.context_file, "context file")
+    context = read_text(args.context_file, "context file")
     if not context.strip():
         raise CommandError(f"context file {args.context_file} is empty; give a file with the context text.")
     if not args.question.strip():
@@ -289,7 +254,9 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         )
     start = time.perf_counter()
     try:
-        answers = qa(question=question, context=context, top_k=args.top_k, max_answer_len=args.max_answer_length)
+        lengths = {} if args.max_answer_length is None else {"max_answer_len": args.max_answer_length}
+        answers = qa(question=question, context=context, top_k=args.top_k, align_to_words=args.align_to_words,
+                     **lengths)
     except ValueError as error:
         raise CommandError(f"cannot answer over {args.context_file}: {error}") from error
     seconds = time.perf_counter() - start
@@ -339,6 +306,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     from hf_clusterformer_files import ModelFolderExistsError, check_output_dir
 
     check_model_path(args.source, "source")
+    if args.tokenizer is not None:
+        check_model_path(args.tokenizer, "--tokenizer")
     if os.path.isdir(args.source) and Path(args.source).resolve() == Path(args.output_dir).resolve() \
             and not args.overwrite:
         raise CommandError(f"output folder {args.output_dir} is the source folder {args.source}; give another output "
@@ -352,7 +321,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     options = {name: getattr(args, name) for name in model_options()}
     try:
         converted = convert_checkpoint(
-            args.source, args.output_dir, num_hidden_layers=args.num_hidden_layers, overwrite=args.overwrite,
+            args.source, args.output_dir, num_hidden_layers=args.num_hidden_layers, tokenizer=args.tokenizer,
+            overwrite=args.overwrite,
             seed=args.seed, task=args.task, allow_untrained=args.allow_untrained, **options,
         )
     except ModelFolderExistsError as error:
@@ -474,11 +444,17 @@ def _add_model_option_flags(convert: argparse.ArgumentParser) -> None:
     from hf_clusterformer.conversion import model_options
 
     options = convert.add_argument_group("model options (left out: a Cluster-Former source's own, else the default)")
-    add_option_flags(options, model_options().values(), types={"max_context_length": _context_length})
+    add_option_flags(options, model_options().values(), types={"max_context_length": context_length})
 
 
-def _add_predict_and_inspect(commands: argparse._SubParsersAction) -> None:
-    """The ``predict`` and ``inspect`` subcommands: a model, a question and a context file."""
+def _add_predict_and_inspect(commands: argparse._SubParsersAction, library_defaults: bool) -> None:
+    """The ``predict`` and ``inspect`` subcommands: a model, a question and a context file. ``predict``'s help names
+    the pipeline's default answer length only with ``library_defaults`` (it loads the library)."""
+    max_answer_tokens = "the pipeline's"
+    if library_defaults:
+        from hf_clusterformer.pipeline import MAX_ANSWER_TOKENS
+
+        max_answer_tokens = str(MAX_ANSWER_TOKENS)
     for name, text in (("predict", "answer a question over a long context file"),
                        ("inspect", "show which tokens share a cluster (paper Table 6)")):
         command = commands.add_parser(name, help=text)
@@ -486,18 +462,21 @@ def _add_predict_and_inspect(commands: argparse._SubParsersAction) -> None:
         command.add_argument("--question", required=True)
         command.add_argument("--context-file", required=True, help="UTF-8 text file with the context (- reads it "
                              "from standard input)")
-        command.add_argument("--max-context-length", type=_context_length, default=None,
+        command.add_argument("--max-context-length", type=context_length, default=None,
                              help="raise the checkpoint's context limit (tokens)")
         if name == "predict":
-            command.add_argument("--top-k", type=_positive_int, default=1)
-            command.add_argument("--max-answer-length", type=_positive_int, default=30, help="in tokens")
+            command.add_argument("--top-k", type=positive_int, default=1)
+            command.add_argument("--max-answer-length", type=positive_int, default=None,
+                                 help=f"longest answer in tokens (default: {max_answer_tokens})")
+            command.add_argument("--align-to-words", action="store_true",
+                                 help="widen an answer that starts or ends inside a word to the whole word")
             command.add_argument("--device", default=None, help="e.g. cpu, cuda, cuda:1")
             command.add_argument("--json", action="store_true", help="print JSON")
             command.add_argument("--allow-untrained", action="store_true",
                                  help="answer even with a QA head that was never trained (smoke tests)")
         else:
             command.add_argument("--layer", type=int, default=None, help="cluster layer index (default: the first)")
-            command.add_argument("--max-clusters", type=_positive_int, default=20)
+            command.add_argument("--max-clusters", type=positive_int, default=20)
             command.add_argument("--plot", default=None,
                                  help="write a plot of cluster id against position to this .png, .pdf or .svg file "
                                       "(needs matplotlib)")
@@ -535,6 +514,8 @@ def _add_convert(commands: argparse._SubParsersAction, model_options: bool) -> N
                                         "(directory or Hub id)")
     convert.add_argument("output_dir")
     convert.add_argument("--num-hidden-layers", type=int, default=None, help="keep only the first N layers")
+    convert.add_argument("--tokenizer", default=None,
+                         help="tokenizer folder or Hub id to save with the result (default: the source's own)")
     convert.add_argument("--overwrite", action="store_true",
                          help="replace a model already in OUTPUT_DIR, and files of yours with a model file's name "
                          "(other files are kept)")
@@ -553,21 +534,10 @@ def _add_convert(commands: argparse._SubParsersAction, model_options: bool) -> N
         _add_model_option_flags(convert)
 
 
-def version_line() -> str:
-    """``clusterformer X (transformers Y, torch Z, Python V)`` from the installed distributions (no import of them)."""
-    def installed(name: str) -> str:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            return "not installed"
-
-    return (f"clusterformer {installed('hf-clusterformer')} (transformers {installed('transformers')}, torch "
-            f"{installed('torch')}, Python {platform.python_version()})")
-
-
-def build_parser(model_options: bool = False) -> argparse.ArgumentParser:
-    """The command's parser; ``convert`` gets its model option flags only with ``model_options`` (they load the
-    library, which ``clusterformer --help`` and the other commands' usage errors do without)."""
+def build_parser(model_options: bool = False, library_defaults: bool = False) -> argparse.ArgumentParser:
+    """The command's parser; ``convert`` gets its model option flags only with ``model_options``, and ``predict``'s
+    help its library defaults only with ``library_defaults`` (they load the library, which ``clusterformer --help``
+    and the commands' usage errors do without)."""
     parser = argparse.ArgumentParser(
         prog="clusterformer",
         description="Cluster-Former: long-context extractive QA with clustering-based sparse attention.",
@@ -600,7 +570,7 @@ def build_parser(model_options: bool = False) -> argparse.ArgumentParser:
         add_help=False,
     )
 
-    _add_predict_and_inspect(commands)
+    _add_predict_and_inspect(commands, library_defaults)
     _add_convert(commands, model_options)
     _add_export(commands)
     push = commands.add_parser(
@@ -670,7 +640,9 @@ def _main(argv: list[str]) -> int:
             from hf_clusterformer.modelcard import main as card
 
             return card(argv[1:], prog="clusterformer card")
-        parser = build_parser(model_options=bool(argv) and argv[0] == "convert")
+        command = argv[0] if argv else None
+        asks_help = any(token in ("-h", "--help") for token in argv[1:])
+        parser = build_parser(model_options=command == "convert", library_defaults=command == "predict" and asks_help)
         args = parser.parse_args(_dash_options(parser, argv))
         handler = {"predict": _cmd_predict, "inspect": _cmd_inspect, "convert": _cmd_convert, "push": _cmd_push,
                    "export": _cmd_export}

@@ -1,6 +1,7 @@
 """The error type and argument parser shared by the ``clusterformer`` command and ``hf_clusterformer.modelcard``, the
 command-line flags of a table of options (the command's and the scripts' model options), and what the command checks
-before importing torch: the context-length limit and the command that converts a checkpoint keeping its head. (Which
+before importing torch: the context-length limit, the count options, a context file read in one-line errors, the
+version line and the command that converts a checkpoint keeping its head. (Which
 files of a folder a model owns: `hf_clusterformer_files`; the heads: `hf_clusterformer_heads`.)
 
 A top-level module with no imports beyond the standard library and `hf_clusterformer_heads`, on the bottom floor (see
@@ -11,8 +12,12 @@ generator imports it without importing the command.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
+import platform
+import sys
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any, NoReturn
 
 from hf_clusterformer_heads import architectures_task
@@ -107,3 +112,52 @@ def add_option_flags(
             if option.choices:
                 settings["choices"] = option.choices
         parser.add_argument(flag, **settings)
+
+
+def positive_int(value: str) -> int:
+    """A count option's value: a positive integer."""
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value!r}")
+    return number
+
+
+def context_length(value: str) -> int:
+    """A ``--max-context-length``: a positive integer up to `MAX_CONTEXT_LENGTH`."""
+    number = positive_int(value)
+    if number > MAX_CONTEXT_LENGTH:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_CONTEXT_LENGTH} tokens, got {value}")
+    return number
+
+
+def read_text(path: str, what: str) -> str:
+    """A UTF-8 text file (``-``: standard input) as it is, line ends included (so answer offsets index the file's own
+    characters, from a file and from standard input alike), with one-line errors naming it."""
+    try:
+        if path == "-":
+            return sys.stdin.buffer.read().decode("utf-8")
+        if os.path.isdir(path):
+            raise CommandError(f"{what} {path} is a folder; give a text file (or - for standard input).")
+        if not os.path.isfile(path):
+            raise CommandError(f"{what} {path} does not exist.")
+        return Path(path).read_bytes().decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise CommandError(
+            f"{what} {path} is not UTF-8 text (byte {error.object[error.start]:#04x} at offset {error.start}); "
+            "save it as UTF-8."
+        ) from error
+
+
+def version_line() -> str:
+    """``clusterformer X (transformers Y, torch Z, Python V)`` from the installed distributions (no import of them)."""
+    def installed(name: str) -> str:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return "not installed"
+
+    return (f"clusterformer {installed('hf-clusterformer')} (transformers {installed('transformers')}, torch "
+            f"{installed('torch')}, Python {platform.python_version()})")

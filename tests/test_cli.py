@@ -161,6 +161,33 @@ def test_predict_json(model_dir, context):
         assert 1 <= len(covered) <= 5  # --max-answer-length is in tokens
 
 
+def test_predict_answers_as_the_pipeline_does_by_default_and_with_align_to_words(model_dir, context, capsys):
+    """Rows: predict's --max-answer-length defaulted to 30 where the pipeline's max_answer_len took 15 (other
+    answers, and the help named no default); predict had no --align-to-words; a file saved with a byte-order mark
+    and Windows line ends gave answers starting with the mark or ending in a line end."""
+    from hf_clusterformer.pipeline import MAX_ANSWER_TOKENS
+
+    path, text = context
+    words = text.split(" ")
+    text = "\ufeff" + "\r\n".join(" ".join(words[i:i + 40]) for i in range(0, len(words), 40))
+    path = path.with_name("context-bom.txt")
+    path.write_bytes(text.encode("utf-8"))
+    qa = hf_clusterformer.pipeline(model=str(model_dir))
+    for flags, options in (([], {}), (["--align-to-words"], {"align_to_words": True})):
+        capsys.readouterr()
+        assert main(["predict", str(model_dir), "--question", QUESTION, "--context-file", str(path), "--json",
+                     "--top-k", "20", *flags]) == 0
+        answers = json.loads(capsys.readouterr().out)["answers"]
+        assert answers == qa(question=QUESTION, context=text, top_k=20, **options)
+        for answer in answers:
+            assert answer["answer"] == text[answer["start"]:answer["end"]] == answer["answer"].strip()
+            assert not answer["answer"].startswith("\ufeff")
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["predict", "--help"])
+    assert f"(default: {MAX_ANSWER_TOKENS})" in " ".join(capsys.readouterr().out.split())
+
+
 def test_predict_missing_context_file(model_dir, workdir):
     missing = workdir / "no-such-context.txt"
     _one_line_error(_run("predict", str(model_dir), "--question", QUESTION, "--context-file", str(missing)),

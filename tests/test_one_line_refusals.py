@@ -296,8 +296,16 @@ def test_card_of_a_missing_folder_and_a_checkpoint_without_tokenizer(work, conve
 
     with caplog.at_level(logging.WARNING):
         convert_checkpoint(bare, work / "bare-converted")
-    assert f"{bare} holds no tokenizer files; the checkpoint is written without one (give tokenizer=" in caplog.text
+    assert f"{bare} holds no tokenizer files; the checkpoint is written without one (to include one, give its " \
+           "folder or Hub id as tokenizer=, or --tokenizer of clusterformer convert)." in caplog.text
     assert not (work / "bare-converted" / "tokenizer.json").exists()
+    # Row: the warning named tokenizer= but the command had no way to give one
+    assert main(["convert", str(bare), str(work / "bare-cli"), "--tokenizer", str(converted),
+                 "--allow-untrained"]) == 0
+    assert (work / "bare-cli" / "tokenizer.json").exists()
+    _error(capsys, ["convert", str(bare), str(work / "bare-cli2"), "--tokenizer", str(work / "nope"),
+                   "--allow-untrained"],
+           f"--tokenizer directory {work / 'nope'} does not exist")
 
 def test_pipeline_says_bytes(converted):
     qa = hf_clusterformer.pipeline(model=str(converted), allow_untrained=True)

@@ -22,7 +22,12 @@ from hf_clusterformer import ClusterFormerForQuestionAnswering
 from hf_clusterformer.data.tokenizer import build_tokenizer
 from hf_clusterformer.loading import pipeline as make_pipeline
 from hf_clusterformer.loading import register_pipeline
-from hf_clusterformer.pipeline import ClusterFormerQuestionAnsweringPipeline, rank_spans, required_model_max_length
+from hf_clusterformer.pipeline import (
+    MAX_ANSWER_TOKENS,
+    ClusterFormerQuestionAnsweringPipeline,
+    rank_spans,
+    required_model_max_length,
+)
 
 SENTENCES = [
     "Zorvan lives with Melka in the old house by the river.",
@@ -74,7 +79,8 @@ def _span_logits(model, tokenizer, question, context, max_answer_len):
     sequence_ids = encoding.sequence_ids(0)
     ids = encoding["input_ids"][0].tolist()
     special = set(tokenizer.all_special_ids)
-    ok = [s == 1 and ids[i] not in special and offsets[i][1] > offsets[i][0] for i, s in enumerate(sequence_ids)]
+    ok = [s == 1 and ids[i] not in special and context[offsets[i][0]:offsets[i][1]].replace("\ufeff", "").strip() != ""
+          for i, s in enumerate(sequence_ids)]
     spans = {
         (offsets[i][0], offsets[j][1]): float(start[i] + end[j])
         for i, j in itertools.product(range(len(ids)), repeat=2)
@@ -107,7 +113,7 @@ def test_answers_are_context_spans_with_sorted_scores(qa):
     assert isinstance(best, dict) and best == answers[0]
 
 
-@pytest.mark.parametrize("max_answer_len", [1, 3, 15])
+@pytest.mark.parametrize("max_answer_len", [1, 3, 15, 30])
 def test_scores_match_brute_force_softmax_over_valid_spans(qa, model, tokenizer, max_answer_len):
     logits, _, context_offsets = _span_logits(model, tokenizer, QUESTION, CONTEXT, max_answer_len)
     expected = _softmax(logits)
@@ -189,7 +195,7 @@ def test_long_context_takes_one_forward_pass_and_no_length_warning(model):
 def test_impossible_answer_from_the_answerability_head(tokenizer):
     model = _model(tokenizer, use_answerability_head=True)
     qa = ClusterFormerQuestionAnsweringPipeline(model=model, tokenizer=tokenizer, device="cpu")
-    logits, out, _ = _span_logits(model, tokenizer, QUESTION, CONTEXT, 15)
+    logits, out, _ = _span_logits(model, tokenizer, QUESTION, CONTEXT, MAX_ANSWER_TOKENS)
     p_none, p_answer = torch.softmax(out.answerable_logits[0].double(), 0).tolist()
     expected = _softmax(logits)
 
@@ -226,7 +232,7 @@ def test_impossible_answer_without_head_uses_the_start_token(qa, tokenizer):
     torch.manual_seed(0)
     model = RobertaForQuestionAnswering(config).eval()
     qa = make_pipeline(model=model, tokenizer=tokenizer, device="cpu")
-    logits, out, _ = _span_logits(model, tokenizer, QUESTION, CONTEXT, 15)
+    logits, out, _ = _span_logits(model, tokenizer, QUESTION, CONTEXT, MAX_ANSWER_TOKENS)
     null = float(out.start_logits[0, 0] + out.end_logits[0, 0])
     expected = _softmax({**logits, "null": null})
     answers = qa(question=QUESTION, context=CONTEXT, top_k=10_000, handle_impossible_answer=True)
@@ -430,7 +436,7 @@ def test_align_to_words_widens_answers_to_whole_words_each_once(qa, model, token
     """Row: ``align_to_words`` (transformers' QA pipeline parameter) was refused as unknown. With it, an answer
     starting or ending inside a word covers the whole word; spans widened to the same characters are one answer,
     scored by its best span; without it, answers are the tokens' own characters (as before)."""
-    spans, _, _ = _span_logits(model, tokenizer, QUESTION, CONTEXT, 15)
+    spans, _, _ = _span_logits(model, tokenizer, QUESTION, CONTEXT, MAX_ANSWER_TOKENS)
     probability = _softmax(spans)
     words = [(m.start(), m.end()) for m in re.finditer(r"\w+|[^\w\s]", CONTEXT)]
 
@@ -449,3 +455,24 @@ def test_align_to_words_widens_answers_to_whole_words_each_once(qa, model, token
     plain = qa(question=QUESTION, context=CONTEXT, top_k=12)
     assert plain == qa(question=QUESTION, context=CONTEXT, top_k=12, align_to_words=False)
     assert [(a["start"], a["end"]) for a in plain] == sorted(probability, key=lambda k: -probability[k])[:12]
+
+
+def test_answers_never_start_or_end_with_white_space_or_a_byte_order_mark(qa):
+    """Row: an answer over a file saved with a BOM and Windows line ends could be ``"\\ufeff..."`` or end in
+    ``"\\r\\n"``; offsets still index the context as given."""
+    context = "\ufeff" + "\r\n".join(SENTENCES) + "\r\n\r\n"
+    answers = qa(question=QUESTION, context=context, top_k=10_000)
+    assert len(answers) > 100
+    for answer in answers:
+        _assert_valid_answer(answer, context)
+        text = answer["answer"]
+        assert text == text.strip() and "\ufeff" not in (text[0], text[-1]), repr(text)
+    assert len({(a["start"], a["end"]) for a in answers}) == len(answers)
+
+
+def test_equal_scores_rank_the_earlier_span_first():
+    start = torch.zeros(6, dtype=torch.float64)
+    end = torch.zeros(6, dtype=torch.float64)
+    candidate = torch.tensor([False, True, True, True, True, True])
+    ranked = rank_spans(start, end, candidate, max_answer_len=2, top_k=9)
+    assert [(s, e) for _, s, e in ranked] == [(1, 1), (1, 2), (2, 2), (2, 3), (3, 3), (3, 4), (4, 4), (4, 5), (5, 5)]

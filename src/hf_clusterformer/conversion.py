@@ -411,8 +411,8 @@ def _conversion_tokenizer(
     except ValueError:
         if tokenizer is not None or any(os.path.isfile(os.path.join(src, name)) for name in TOKENIZER_FILES):
             raise  # one named, or one whose files are there, must load: a model is never written without it
-        logger.warning(f"{src} holds no tokenizer files; the checkpoint is written without one (give tokenizer= a "
-                       "tokenizer folder to include it).")
+        logger.warning(f"{src} holds no tokenizer files; the checkpoint is written without one (to include one, give "
+                       "its folder or Hub id as tokenizer=, or --tokenizer of clusterformer convert).")
         return None
 
 

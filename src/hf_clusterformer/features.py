@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from .pipeline import rank_spans
+from .pipeline import MAX_ANSWER_TOKENS, rank_spans
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -235,7 +235,7 @@ def postprocess_predictions(
     features: Any,
     start_logits: Any,
     end_logits: Any,
-    max_answer_length: int = 30,
+    max_answer_length: int = MAX_ANSWER_TOKENS,
     *,
     id_column: str = "id",
     context_column: str = "context",

@@ -41,6 +41,11 @@ logger = logging.get_logger(__name__)
 TASK = "question-answering"
 #: Marks the start of a passage in multi-passage (NQ-style) contexts (the SQuAD multi-passage set writes it).
 PASSAGE_TOKEN = "<p>"
+#: Longest answer in tokens when the caller gives none: the SQuAD evaluation's (transformers' QA pipeline uses 15);
+#: `clusterformer predict` / `evaluate` and `hf_clusterformer.features.postprocess_predictions` take it too.
+MAX_ANSWER_TOKENS = 30
+#: An answer's edges never hold white space or a byte-order mark (a UTF-8 file's first character may be one).
+_EDGES = re.compile(r"[\s\ufeff]*(.*?)[\s\ufeff]*", re.DOTALL)
 #: Parameters of the old transformers question-answering pipeline that split contexts; they have no meaning here.
 _SPLITTING_PARAMETERS = ("doc_stride", "max_seq_len", "max_question_len", "padding")
 _MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -68,7 +73,8 @@ class ClusterFormerQuestionAnsweringPipeline(Pipeline):
 
     Parameters (at construction or per call):
         top_k (`int`, defaults to 1): answers per example; a dict when 1, else a list sorted by score.
-        max_answer_len (`int`, defaults to 15): longest answer in tokens (alias ``max_answer_length``).
+        max_answer_len (`int`, defaults to `MAX_ANSWER_TOKENS`, 30): longest answer in tokens (alias
+            ``max_answer_length``). Answers never start or end with white space or a byte-order mark.
         handle_impossible_answer (`bool`, defaults to `False`): allow the empty answer ``""`` (start = end = 0).
             Its score is ``P(no answer)`` from the answerability head (``answerable_logits``); a Cluster-Former
             model without the head is refused. Other models (plain RoBERTa QA) score it by the ``<s>`` token's
@@ -204,7 +210,7 @@ class ClusterFormerQuestionAnsweringPipeline(Pipeline):
 
         special = set(self.tokenizer.all_special_ids)
         candidate = [
-            sequence_ids[i] == 1 and token_ids[i] not in special and offsets[i][1] > offsets[i][0]
+            sequence_ids[i] == 1 and token_ids[i] not in special and can_bound_answer(context[slice(*offsets[i])])
             for i in range(len(token_ids))
         ]
         if not any(candidate):
@@ -230,8 +236,9 @@ class ClusterFormerQuestionAnsweringPipeline(Pipeline):
         return result
 
     def postprocess(
-        self, model_outputs: dict, top_k: int = 1, max_answer_len: int = 15, handle_impossible_answer: bool = False,
-        long_answer: bool = False, long_answer_top_k: int = 1, align_to_words: bool = False,
+        self, model_outputs: dict, top_k: int = 1, max_answer_len: int = MAX_ANSWER_TOKENS,
+        handle_impossible_answer: bool = False, long_answer: bool = False, long_answer_top_k: int = 1,
+        align_to_words: bool = False,
     ) -> dict | list[dict]:
         """Rank answer spans (and paragraphs) of one example; see the class docstring."""
         length = len(model_outputs["offsets"])
@@ -249,7 +256,7 @@ class ClusterFormerQuestionAnsweringPipeline(Pipeline):
             )
             best: dict[tuple[int, int], float] = {}  # (start, end) characters -> the best of its spans' scores
             for score, first, last in answers:
-                best.setdefault((0, 0) if first < 0 else (spans[first][0], spans[last][1]), score)
+                best.setdefault((0, 0) if first < 0 else trim_answer(context, spans[first][0], spans[last][1]), score)
             if len(best) >= top_k or len(answers) < wanted:
                 break
             wanted *= 4
@@ -334,12 +341,26 @@ class ClusterFormerQuestionAnsweringPipeline(Pipeline):
         return super().save_pretrained(save_directory, **kwargs)
 
 
+def can_bound_answer(text: str) -> bool:
+    """Whether a token of these characters may start or end an answer: one that is not only white space and
+    byte-order marks (a line end, a file's BOM)."""
+    return bool(_EDGES.fullmatch(text).group(1))
+
+
+def trim_answer(context: str, start: int, end: int) -> tuple[int, int]:
+    """``(start, end)`` (characters of ``context``) without white space or byte-order marks at either edge."""
+    inner = _EDGES.fullmatch(context, start, end)
+    return inner.start(1), inner.end(1)
+
+
 def rank_spans(
-    start_logits: torch.Tensor, end_logits: torch.Tensor, candidate: torch.Tensor, max_answer_len: int = 15,
-    top_k: int = 1, handle_impossible_answer: bool = False, answerable_logits: torch.Tensor | None = None,
+    start_logits: torch.Tensor, end_logits: torch.Tensor, candidate: torch.Tensor,
+    max_answer_len: int = MAX_ANSWER_TOKENS, top_k: int = 1, handle_impossible_answer: bool = False,
+    answerable_logits: torch.Tensor | None = None,
 ) -> list[tuple[float, int, int]]:
     """Up to ``top_k`` best answer spans ``(score, start_token, end_token)`` by a softmax over all valid spans, sorted
-    by score; the empty answer (``handle_impossible_answer``) is ``(score, -1, -1)``.
+    by score (equal scores: the earlier span first, so a batch ranks as each example alone); the empty answer
+    (``handle_impossible_answer``) is ``(score, -1, -1)``.
 
     ``start_logits``, ``end_logits``: (T,) of one example; ``candidate``: (T,) bool, tokens that may start or end an
     answer; a span has at most ``max_answer_len`` tokens. ``answerable_logits``: optional (2,) [no answer, answer]
@@ -373,10 +394,12 @@ def rank_spans(
     else:
         log_scores = torch.log_softmax(logits, dim=0)
 
-    best = torch.topk(log_scores, k=min(top_k, log_scores.numel()))
+    by_position = torch.argsort(starts * (start_logits.numel() + 1) + ends)  # (N,) spans by (start, end)
+    log_scores, starts, ends = log_scores[by_position], starts[by_position], ends[by_position]
+    best = torch.sort(log_scores, descending=True, stable=True)  # equal scores: the earlier span first
     ranked = [
         (min(1.0, math.exp(float(value))), int(starts[index]), int(ends[index]))
-        for value, index in zip(best.values, best.indices)
+        for value, index in zip(best.values[:top_k], best.indices[:top_k])
     ]
     if null_score is not None:
         ranked.append((min(1.0, null_score), -1, -1))

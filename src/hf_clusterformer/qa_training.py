@@ -58,6 +58,7 @@ from .modeling_clusterformer import (
     check_trained,
     locate_question_prefix,
 )
+from .pipeline import MAX_ANSWER_TOKENS
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +166,8 @@ class DataArguments:
     max_seq_length: int | None = field(default=None, metadata={"help": "Tokens per feature (question + context); "
                                                                 "longer contexts are cut, with a warning (default: "
                                                                 "the model's own limit; 16384 from scratch)."})
-    max_answer_length: int = field(default=30, metadata={"help": "Longest answer in tokens."})
+    max_answer_length: int = field(default=MAX_ANSWER_TOKENS, metadata={"help": "Longest answer in tokens (the "
+                                                                             "pipeline's default too)."})
 
     def __post_init__(self) -> None:
         """A count out of range refused as the flags are parsed, in one line naming its flag."""

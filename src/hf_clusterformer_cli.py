@@ -539,7 +539,7 @@ def build_parser(model_options: bool = False, library_defaults: bool = False) ->
     help its library defaults only with ``library_defaults`` (they load the library, which ``clusterformer --help``
     and the commands' usage errors do without)."""
     parser = argparse.ArgumentParser(
-        prog="clusterformer",
+        prog="clusterformer", allow_abbrev=False,
         description="Cluster-Former: long-context extractive QA with clustering-based sparse attention.",
         epilog="Options take dashes or underscores (--max-answer-length or --max_answer_length). -v (--verbose) "
                "shows progress bars and the libraries' loading reports; -q (--quiet) hides the progress bar of "
@@ -643,7 +643,10 @@ def _main(argv: list[str]) -> int:
         command = argv[0] if argv else None
         asks_help = any(token in ("-h", "--help") for token in argv[1:])
         parser = build_parser(model_options=command == "convert", library_defaults=command == "predict" and asks_help)
-        args = parser.parse_args(_dash_options(parser, argv))
+        args, unknown = parser.parse_known_args(_dash_options(parser, argv))
+        if unknown:
+            commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+            commands.choices[args.command].error("unrecognized arguments: " + " ".join(unknown))
         handler = {"predict": _cmd_predict, "inspect": _cmd_inspect, "convert": _cmd_convert, "push": _cmd_push,
                    "export": _cmd_export}
         args.verbose = verbose

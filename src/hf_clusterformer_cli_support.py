@@ -12,6 +12,7 @@ generator imports it without importing the command.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib.metadata
 import os
 import platform
@@ -73,10 +74,34 @@ def expand_home_options(argv: list[str]) -> list[str]:
     return result
 
 
+def unknown_options(tokens: list[str], known: Iterable[str]) -> str:
+    """What a parser left of the command line (``tokens``): its options, each with the option it may mean (a typo,
+    or an abbreviation: options are taken only in full, so that a script keeps its meaning when options are added),
+    else its stray arguments."""
+    known = sorted({option.replace("_", "-") for option in known if option.startswith("--")})
+    options = [token for token in tokens if token.startswith("-")]
+    if not options:
+        return ("unexpected arguments " if len(tokens) > 1 else "unexpected argument ") + " ".join(tokens)
+    said = []
+    for token in options:
+        option = token.partition("=")[0].replace("_", "-")
+        close = difflib.get_close_matches(option, known, n=1, cutoff=0.75)
+        meant = close or [name for name in known if name.startswith(option)]
+        said.append(token + (f" (did you mean {meant[0]}?)" if option.startswith("--") and meant else ""))
+    return ("unknown options " if len(said) > 1 else "unknown option ") + ", ".join(said)
+
+
 class OneLineParser(argparse.ArgumentParser):
-    """Subcommand parser whose usage errors are one line (exit status 2), like every other error of the command."""
+    """Subcommand parser whose usage errors are one line (exit status 2), like every other error of the command;
+    options are taken only in full (`unknown_options`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
 
     def error(self, message: str) -> NoReturn:
+        if message.startswith("unrecognized arguments: "):
+            tokens = message.removeprefix("unrecognized arguments: ").split()
+            message = unknown_options(tokens, (o for a in self._actions for o in a.option_strings))
         raise CommandError(f"{message} (see `{self.prog} --help`)")
 
 

@@ -114,6 +114,41 @@ def test_subcommand_help(command, capsys):
         assert "--cluster-layers" in out and "--global-layer-type" in out
 
 
+def test_train_switches_take_a_bare_flag_and_help_names_each_default_once(capsys):
+    """Rows: ``train --use-answerability-head`` wanted a value (convert's is a bare switch), and train's help said
+    "Default: a checkpoint's own, else False. (default: None)"."""
+    from hf_clusterformer.qa_training import parse_args
+
+    model, *_ = parse_args(["--use-answerability-head", "--pair_token_types", "--chunk_question_prefix", "false",
+                            "--output_dir", "unused"])
+    assert (model.use_answerability_head, model.pair_token_types, model.chunk_question_prefix) == (True, True, False)
+    assert parse_args(["--output_dir", "unused"])[0].use_answerability_head is None  # left out: the checkpoint's own
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(default: None)" not in out and "QA head. Default: a checkpoint's own, else False." in out
+    assert out.count("default:") + out.count("Default:") >= 20 and "Default: a checkpoint's own, else 64. (" not in out
+
+
+def test_options_are_taken_in_full_and_a_near_miss_is_named(model_dir, context, capsys):
+    """Row: ``train --max_step 3`` ran as ``--max_steps`` (argparse's prefix matching, which a new option can turn
+    into another meaning or an error); a typo said "Some specified arguments are not used by the HfArgumentParser"."""
+    path, _ = context
+    predict = ["predict", str(model_dir), "--question", QUESTION, "--context-file", str(path)]
+    for argv, said in [
+        ([*predict, "--top", "2"], "unknown option --top (did you mean --top-k?) (see `clusterformer predict "
+                                   "--help`)"),
+        ([*predict, "--max_answer_lenght", "3", "--zzz"], "unknown options --max_answer_lenght (did you mean "
+                                                          "--max-answer-length?), --zzz (see"),
+        ([*predict, "stray"], "unexpected argument stray (see `clusterformer predict --help`)"),
+        (["train", "--max_step", "3"], "unknown option --max_step (did you mean --max-steps?) (see `clusterformer "
+                                       "train --help`)"),
+        (["evaluate", "--model_name_or_path", str(model_dir), "stray"],
+         "unexpected argument stray (see `clusterformer evaluate --help`)"),
+    ]:
+        assert said in _main_error(capsys, argv)
+
+
 def test_no_subcommand_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main([])
@@ -250,7 +285,8 @@ def test_inspect_bad_layer(model_dir, context, capsys):
     argv = ["inspect", str(model_dir), "--question", QUESTION, "--context-file", str(context[0]), "--layer", "0"]
     assert main(argv) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]  # after the weight-loading progress bar
-    assert last == "clusterformer: error: Layer 0 is not a cluster/LSH layer; choose one of [2]."
+    assert last == ("clusterformer: error: Layer 0 cannot be inspected: it is a sliding layer, which routes nothing; "
+                    "choose a routed layer, one of [2].")
 
 
 # -- convert --------------------------------------------------------------------------------------------------------

@@ -192,9 +192,11 @@ def test_lsh_layers_are_inspected_too(tokenizer, example):
 
 def test_bad_layers_and_inputs(setup, tokenizer, example):
     model = setup["model"]
-    with pytest.raises(ValueError, match=r"Layer 0 is not a cluster/LSH layer; choose one of \[1\]"):
+    with pytest.raises(ValueError, match=r"^Layer 0 cannot be inspected: it is a sliding layer, which routes nothing; "
+                                         r"choose a routed layer, one of \[1\]\.$"):
         inspect_clusters(model, tokenizer, example["question"], example["context"], layer=0)
-    with pytest.raises(ValueError, match=r"Layer 5 is not a cluster/LSH layer"):
+    depth = model.config.num_hidden_layers  # Row: a layer past the last was called "not a cluster/LSH layer"
+    with pytest.raises(ValueError, match=rf"^Layer 5 cannot be inspected: the model has {depth} layers \(0 to "):
         inspect_clusters(model, tokenizer, example["question"], example["context"], layer=5)
     with pytest.raises(ValueError, match="The context is empty"):
         inspect_clusters(model, tokenizer, example["question"], "  ")

@@ -1,6 +1,7 @@
 """ClusterFormerModel / ClusterFormerForQuestionAnswering against RoBERTa, batch invariance, gradients, bad input."""
 
 import logging
+import re
 
 import pytest
 import torch
@@ -374,8 +375,12 @@ def test_config_defaults_and_validation():
             ClusterFormerConfig(**bad)
     with pytest.raises(StrictDataclassError, match="num_clusters"):  # types are @strict's
         ClusterFormerConfig(num_clusters="many")
-    with pytest.raises(ValueError, match="max_question_length"):
+    with pytest.raises(ValueError, match="max_question_length") as raised:
         ClusterFormerModel(ClusterFormerConfig(max_question_length=400))
+    # Row: the message's terms (400 + 3 + 256) did not add up to the positions it named (661): RoBERTa's 2 skipped rows
+    terms = re.match(r"max_question_length \((\d+)\) \+ (\d+) special tokens \+ window_size \((\d+)\) \+ (\d+) rows "
+                     r"before the first position .* needs (\d+) position embeddings", str(raised.value))
+    assert terms and sum(map(int, terms.groups()[:4])) == int(terms[5]) == 661
 
 
 def test_windows_without_overlap_after_a_cluster_layer_run_a_batch_of_two():

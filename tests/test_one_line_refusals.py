@@ -223,7 +223,7 @@ def test_context_length_is_bounded(converted, roberta, work, capsys):
                     "--output_dir", str(work / "huge-eval")], "--max_context_length must be an integer from 1 to")
     from hf_clusterformer.configuration_clusterformer import MAX_CONTEXT_LENGTH
     from hf_clusterformer.conversion import convert_checkpoint
-    from hf_clusterformer_cli import MAX_CONTEXT_LENGTH as COMMAND_LIMIT
+    from hf_clusterformer_cli_support import MAX_CONTEXT_LENGTH as COMMAND_LIMIT
 
     assert COMMAND_LIMIT == MAX_CONTEXT_LENGTH
     with pytest.raises(ValueError, match="max_context_length must be an integer"):

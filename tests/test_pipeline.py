@@ -476,3 +476,12 @@ def test_equal_scores_rank_the_earlier_span_first():
     candidate = torch.tensor([False, True, True, True, True, True])
     ranked = rank_spans(start, end, candidate, max_answer_len=2, top_k=9)
     assert [(s, e) for _, s, e in ranked] == [(1, 1), (1, 2), (2, 2), (2, 3), (3, 3), (3, 4), (4, 4), (4, 5), (5, 5)]
+
+
+def test_a_question_naming_a_special_token_is_refused(qa):
+    """Row: a question holding the text ``</s>`` was read as ending there (the tokenizer makes it the separator), so
+    the rest of it became context, silently."""
+    with pytest.raises(ValueError, match=r"^The question holds '</s>', which the tokenizer reads as its special token "
+                                         r"'</s>' \(it would end the question there\); remove it"):
+        qa(question="Where does </s> Zorvan live?", context=CONTEXT)
+    assert qa(question="Where does Zorvan live?", context=CONTEXT + " </s> and more")["answer"]  # context: as given

@@ -61,7 +61,7 @@ def test_evaluate_refuses_an_untrained_head(converted, work, capsys):
     dev = squad_jsonl(work / "untrained-dev.jsonl", QUESTION, CONTEXT, "Tarsk", 2)
     _error(capsys, ["evaluate", "--model_name_or_path", str(converted), "--validation_file", str(dev),
                     "--output_dir", str(work / "eval-untrained"), "--report_to", "none", "--use_cpu"],
-           "never trained", "--allow-untrained")
+           "never trained", "--allow-untrained", f"`clusterformer train --model_name_or_path {converted} ...`")
 
 def test_another_heads_pipeline_on_a_folder_says_its_head_is_untrained(converted, caplog):
     """transformers.pipeline of another head on a QA folder builds that head at random: loading says so in one line

@@ -316,8 +316,10 @@ class ClusterFormerConfig(RobertaConfig):
         built)."""
         needed = required_position_embeddings(self.max_question_length, self.window_size, self.pad_token_id)
         if needed > self.max_position_embeddings:
+            skipped = needed - self.max_question_length - QUESTION_PREFIX_SPECIAL_TOKENS - self.window_size
             raise ValueError(f"max_question_length ({self.max_question_length}) + 3 special tokens + window_size "
-                             f"({self.window_size}) needs {needed} position embeddings, more than "
+                             f"({self.window_size}) + {skipped} rows before the first position (RoBERTa's "
+                             f"positions start after pad_token_id) needs {needed} position embeddings, more than "
                              f"max_position_embeddings ({self.max_position_embeddings}); lower max_question_length or "
                              "window_size.")
 

@@ -214,7 +214,10 @@ def inspect_clusters(
     if layer is None:
         layer = routed_layers[0]
     if layer not in routed_layers:
-        raise ValueError(f"Layer {layer} is not a cluster/LSH layer; choose one of {routed_layers}.")
+        depth = config.num_hidden_layers
+        what = (f"the model has {depth} layers (0 to {depth - 1})" if not 0 <= layer < depth else
+                f"it is a {config.layer_kinds[layer]} layer, which routes nothing")
+        raise ValueError(f"Layer {layer} cannot be inspected: {what}; choose a routed layer, one of {routed_layers}.")
     encoding = tokenizer(question, context, return_tensors="pt")
     device = next(model.parameters()).device
     was_training = model.training

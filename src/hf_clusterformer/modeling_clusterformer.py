@@ -1148,7 +1148,8 @@ def check_trained(model: nn.Module, allow_untrained: bool = False, head: str = "
     names = untrained_weights(model)
     check_finite(model)
     if names and not allow_untrained:
-        how = " (`clusterformer train --model_name_or_path DIR ...`)" if head == "QA" else ""
+        source = getattr(model, "name_or_path", None) or "DIR"
+        how = f" (`clusterformer train --model_name_or_path {source} ...`)" if head == "QA" else ""
         raise UntrainedModelError(
             f"the {head} head of this model ({', '.join(names)}) was newly initialised and never trained, so its "
             f"answers would be random; fine-tune it first{how}, or pass "

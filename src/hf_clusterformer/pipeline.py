@@ -209,6 +209,12 @@ class ClusterFormerQuestionAnsweringPipeline(Pipeline):
         self._check_lengths(question_tokens, len(context_positions), len(token_ids))
 
         special = set(self.tokenizer.all_special_ids)
+        marks = [i for i, s in enumerate(sequence_ids) if s == 0 and token_ids[i] in special]
+        if marks:  # the question's text names a special token: the model would read the question as ending there
+            said = question[slice(*offsets[marks[0]])] or self.tokenizer.convert_ids_to_tokens(token_ids[marks[0]])
+            raise ValueError(f"The question holds {said!r}, which the tokenizer reads as its special token "
+                             f"{self.tokenizer.convert_ids_to_tokens(token_ids[marks[0]])!r} (it would end the "
+                             "question there); remove it or write it otherwise.")
         candidate = [
             sequence_ids[i] == 1 and token_ids[i] not in special and can_bound_answer(context[slice(*offsets[i])])
             for i in range(len(token_ids))

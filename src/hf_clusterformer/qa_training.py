@@ -8,6 +8,7 @@ Every context is ONE feature (no doc-stride splitting). Training uses the HF `Tr
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -26,6 +27,7 @@ from transformers import (
     set_seed,
 )
 
+from hf_clusterformer_cli_support import unknown_options
 from hf_clusterformer_files import RESULT_FILES, check_result_files
 from hf_clusterformer_writing import run_output_dir
 
@@ -80,8 +82,10 @@ def _model_option_field(option: ModelOption) -> tuple[str, Any, Any]:
     from scratch) unless given; type and help from `model_options`."""
     flag_type = list[option.item_type] if option.many else option.item_type
     note = _DEFAULT_NOTES.get(option.name, None if option.default is None else option.default)
-    text = option.help + ("" if note is None else f" Default: a checkpoint's own, else {note}.")
+    text = option.help.rstrip(".") + ("." if note is None else f". Default: a checkpoint's own, else {note}.")
     metadata = {"help": text, **({"choices": option.choices} if option.choices else {})}
+    if flag_type is bool:  # a bare --switch means True (as convert's), a value (true / false) still parses
+        metadata.update(nargs="?", const=True)
     return option.name, flag_type | None, field(default=None, metadata=metadata)
 
 
@@ -251,7 +255,11 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None, usage_err
         parser.error = error
     if argv is not None and len(argv) == 1 and argv[0].endswith(".json"):
         return parser.parse_json_file(json_file=os.path.abspath(argv[0]))
-    return parser.parse_args_into_dataclasses(args=argv)
+    *parsed, unknown = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+    if unknown:
+        options = unknown_options(unknown, (o for a in parser._actions for o in a.option_strings))
+        raise ValueError(f"{options} (see `{parser.prog} --help`)")
+    return tuple(parsed)
 
 
 def print_help(prog: str | None = None, training: bool = False, output_dir: str | None = None) -> None:
@@ -270,10 +278,19 @@ def print_help(prog: str | None = None, training: bool = False, output_dir: str 
     _argument_parser(classes, prog=prog, epilog=epilog).print_help()
 
 
+class _DefaultsOnceFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Help that names an option's default once: not after a help that names it already, nor an unset ``None``."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default is None or "Default:" in (action.help or ""):
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
 def _argument_parser(classes: tuple[type, ...], **kwargs: Any) -> HfArgumentParser:
     """The `HfArgumentParser` of ``classes``, where a model option that takes a list also takes none
     (``--cluster_layers`` alone: ``[]``, as ``clusterformer convert --cluster-layers`` reads it)."""
-    parser = HfArgumentParser(classes, **kwargs)
+    parser = HfArgumentParser(classes, formatter_class=_DefaultsOnceFormatter, allow_abbrev=False, **kwargs)
     lists = {option.name for option in model_options().values() if option.many}
     for action in parser._actions:
         if action.dest in lists:

@@ -196,6 +196,9 @@ def _option_value(argv: list[str], name: str) -> str | None:
 
 #: Where ``train`` and ``evaluate`` write without ``--output_dir``.
 DEFAULT_OUTPUT_DIR = "outputs/run_qa"
+#: Where ``evaluate`` writes its records without ``--output_dir``: beside, not into, the trained model's default folder
+#: (whose records of the training run would refuse them).
+DEFAULT_EVALUATION_DIR = "outputs/evaluate"
 
 
 def _cmd_train(argv: list[str], evaluate_only: bool, quiet: bool = False) -> int:
@@ -219,7 +222,7 @@ def _cmd_train(argv: list[str], evaluate_only: bool, quiet: bool = False) -> int
     if "__disable_tqdm" not in given:  # the Trainer's progress bar, unless -q (quiet loading would turn it off)
         argv += ["--disable_tqdm", str(quiet)]
     if "__output_dir" not in given:
-        argv += ["--output_dir", DEFAULT_OUTPUT_DIR]
+        argv += ["--output_dir", DEFAULT_EVALUATION_DIR if evaluate_only else DEFAULT_OUTPUT_DIR]
     try:
         run_qa(argv, prog=f"clusterformer {'evaluate' if evaluate_only else 'train'}", usage_errors_raise=True)
     except SafetensorError as error:
@@ -559,7 +562,7 @@ def build_parser(model_options: bool = False, library_defaults: bool = False) ->
     )
     commands.add_parser(
         "evaluate",
-        help=f"evaluate a trained checkpoint (EM/F1); records into --output_dir (default {DEFAULT_OUTPUT_DIR})",
+        help=f"evaluate a trained checkpoint (EM/F1); records into --output_dir (default {DEFAULT_EVALUATION_DIR})",
         description="Evaluate --model_name_or_path; all options of examples/run_qa.py apply.",
         add_help=False,
     )
@@ -632,7 +635,8 @@ def _main(argv: list[str]) -> int:
             if training_help or "-h" in argv[1:] or "--help" in argv[1:]:
                 from hf_clusterformer.qa_training import print_help
 
-                print_help(prog=f"clusterformer {argv[0]}", training=training_help, output_dir=DEFAULT_OUTPUT_DIR)
+                print_help(prog=f"clusterformer {argv[0]}", training=training_help,
+                           output_dir=DEFAULT_EVALUATION_DIR if argv[0] == "evaluate" else DEFAULT_OUTPUT_DIR)
                 raise SystemExit(0)
             with _quiet(verbose, datasets_bars=True):
                 return _cmd_train(argv[1:], evaluate_only=argv[0] == "evaluate", quiet=quiet)

@@ -477,16 +477,40 @@ def test_evaluate_help_shows_this_package_options_and_points_to_the_trainer_ones
 
 def test_train_and_evaluate_help_name_the_default_output_folder(capsys):
     """Row: ``train`` / ``evaluate`` wrote ``./outputs/run_qa`` by default without the help saying so."""
-    for command in ("train", "evaluate"):
+    for command, said in (("train", "train writes its model and records (all_results.json, eval_predictions.json) "
+                                    "to outputs/run_qa"),
+                          ("evaluate", "evaluate writes its records (all_results.json, eval_predictions.json) to "
+                                       "outputs/evaluate")):
         capsys.readouterr()
         with pytest.raises(SystemExit):
             main([command, "--help"])
-        text = " ".join(capsys.readouterr().out.split())
-        assert "Without --output_dir, train writes its model and records" in text and "to outputs/run_qa" in text
+        assert f"Without --output_dir, {said};" in " ".join(capsys.readouterr().out.split())
     with pytest.raises(SystemExit):
         main(["--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert text.count("--output_dir (default outputs/run_qa)") == 2
+    assert "--output_dir (default outputs/run_qa)" in text and "--output_dir (default outputs/evaluate)" in text
+
+
+def test_evaluate_after_train_with_the_default_folders(tmp_path, monkeypatch, capsys):
+    """Row: ``train`` then ``evaluate --model_name_or_path outputs/run_qa``, both without --output_dir, was refused:
+    evaluate wrote into the trained model's folder, whose records of the training run it must keep."""
+    monkeypatch.chdir(tmp_path)
+    torch.manual_seed(0)
+    tokenizer = build_tokenizer(SENTENCES * 4 + [QUESTION], vocab_size=300)
+    config = tiny_config(vocab_size=len(tokenizer), window_size=32, window_stride=24, max_question_length=16,
+                         max_position_embeddings=64)
+    trained = Path("outputs/run_qa")
+    ClusterFormerForQuestionAnswering(config).save_pretrained(trained)
+    tokenizer.save_pretrained(trained)
+    (trained / "all_results.json").write_text('{"train": "the run that made this model"}', encoding="utf-8")
+    dev = squad_jsonl(tmp_path / "dev.jsonl", QUESTION, CONTEXT, "Tarsk", 2)
+    evaluate = ["evaluate", "--model_name_or_path", str(trained), "--validation_file", str(dev), "--report_to", "none",
+                "--use_cpu"]
+    assert main(evaluate) == 0
+    assert json.loads((tmp_path / "outputs/evaluate/all_results.json").read_text(encoding="utf-8"))["model"][
+        "model_name_or_path"] == str(trained)
+    assert (trained / "all_results.json").read_text(encoding="utf-8") == '{"train": "the run that made this model"}'
+    _error(capsys, evaluate, "outputs/evaluate already holds all_results.json", "--overwrite")
 
 def test_evaluate_records_the_evaluated_model(work, capsys):
     """all_results.json holds the settings of the model evaluated, not the command line's defaults."""

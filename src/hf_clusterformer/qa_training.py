@@ -271,9 +271,10 @@ def print_help(prog: str | None = None, training: bool = False, output_dir: str 
         "--per_device_train_batch_size, --seed, --do_train, --do_eval, ...): see --help-training."
     )
     if output_dir is not None:
-        default = (f"Without --output_dir, train writes its model and records (all_results.json, "
-                   f"eval_predictions.json), evaluate its records, to {output_dir}; a model or records already there "
-                   "are kept unless --overwrite.")
+        evaluation = (prog or "").endswith("evaluate")
+        writes = "evaluate writes its records" if evaluation else "train writes its model and records"
+        default = (f"Without --output_dir, {writes} (all_results.json, eval_predictions.json) to {output_dir}; a "
+                   "model or records already there are kept unless --overwrite.")
         epilog = default if epilog is None else f"{epilog} {default}"
     _argument_parser(classes, prog=prog, epilog=epilog).print_help()
 

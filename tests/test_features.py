@@ -272,3 +272,20 @@ def test_word_aligned_spans_round_trip(tokenizer, first, extra):
     assert postprocess_predictions([record], val, start, end, max_answer_length=64) == {
         "q": record["answers"]["text"][0]
     }
+
+
+def test_evaluation_answers_are_bounded_as_the_pipeline_bounds_them(tokenizer):
+    """Row: the pipeline never starts or ends an answer with white space or a byte-order mark, but evaluation's
+    postprocessing did (logits peaked on a line-end token gave "\\r\\n" as the answer)."""
+    context = "\ufeffZorvan lives in Tarsk.\r\n\r\nMelka lives in Orn."
+    record = {"id": "q", "question": "Where does Zorvan live?", "context": context,
+              "answers": {"text": ["Tarsk"], "answer_start": [context.index("Tarsk")]}}
+    val = prepare_validation_features(_batch([record]), tokenizer, 256)
+    offsets = val["offset_mapping"][0]
+    blank = [i for i, o in enumerate(offsets) if o is not None and not context[o[0]:o[1]].strip(" \r\n\ufeff")]
+    assert blank  # the tokenizer gives the line ends (or the mark) tokens of their own
+    start, end = np.zeros((1, len(offsets))), np.zeros((1, len(offsets)))
+    start[0, blank] = end[0, blank] = 10.0  # all mass on the blank tokens
+    detail = postprocess_predictions([record], val, start, end, return_details=True)["q"]
+    assert detail["text"] == detail["text"].strip(" \r\n\ufeff") != ""
+    assert detail["text"] == context[detail["start"]:detail["end"]]

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from .pipeline import MAX_ANSWER_TOKENS, rank_spans
+from .pipeline import MAX_ANSWER_TOKENS, can_bound_answer, rank_spans, trim_answer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -246,7 +246,7 @@ def postprocess_predictions(
 
     ``features`` carry ``example_id`` and ``offset_mapping`` as made by `prepare_validation_features`;
     ``start_logits``/``end_logits`` hold one row per feature as numpy arrays or CPU tensors (padding beyond a
-    feature's length is ignored). Spans lie inside the context and are ranked as the pipeline ranks them
+    feature's length is ignored). Spans lie inside the context, are bounded and ranked as the pipeline's
     (`hf_clusterformer.pipeline.rank_spans`: a softmax over every span of at most ``max_answer_length`` tokens); the
     most probable span over all features of an example wins. Examples without context tokens get ``""``. With
     ``return_details`` the values are dicts ``{"text", "start", "end", "score"}`` (character offsets into the context).
@@ -267,7 +267,9 @@ def postprocess_predictions(
         if feature_id not in context_of:
             raise ValueError(f"feature refers to unknown example id {feature_id!r}")
         n = min(len(offsets), len(starts), len(ends))
-        candidate = torch.tensor([o is not None for o in offsets[:n]], dtype=torch.bool)
+        context = context_of[feature_id]
+        candidate = torch.tensor([o is not None and can_bound_answer(context[o[0]:o[1]]) for o in offsets[:n]],
+                                 dtype=torch.bool)  # as the pipeline: no answer starts or ends with white space
         if not candidate.any():
             continue
         # the pipeline's span search: a softmax over every context span of at most max_answer_length tokens
@@ -278,8 +280,8 @@ def postprocess_predictions(
             answerable_logits=None if has_answer is None else torch.as_tensor(np.asarray(has_answer, np.float64)))
         current = best.get(feature_id)
         if current is None or score > current["score"]:
-            a, b = (0, 0) if start < 0 else (int(offsets[start][0]), int(offsets[end][1]))
-            best[feature_id] = {"text": context_of[feature_id][a:b], "start": a, "end": b, "score": score}
+            a, b = (0, 0) if start < 0 else trim_answer(context, int(offsets[start][0]), int(offsets[end][1]))
+            best[feature_id] = {"text": context[a:b], "start": a, "end": b, "score": score}
     results = {}
     for example_id in map(str, ids):
         detail = best.get(example_id, {"text": "", "start": 0, "end": 0, "score": float("-inf")})

@@ -559,6 +559,19 @@ def test_invalid_json_data_file(workdir, capsys):
                 f"data file {lines} is not valid JSON at line 2")
 
 
+def test_a_json_data_file_saved_with_a_byte_order_mark_reads(workdir):
+    """Row: a data file saved as "UTF-8 with BOM" (as some editors do) was 'not valid JSON at line 1 column 1
+    (Unexpected UTF-8 BOM (decode using utf-8-sig)); fix that line'."""
+    from hf_clusterformer.qa_training import _parse_json_file
+
+    records = [{"id": "1", "question": "Q?", "context": "Zorvan lives in Tarsk.", "answers": {"text": ["Tarsk"],
+                                                                                             "answer_start": [16]}}]
+    for suffix, text in ((".json", json.dumps(records)), (".jsonl", "\n".join(map(json.dumps, records)))):
+        path = workdir / f"bom{suffix}"
+        path.write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
+        assert _parse_json_file(str(path)) == records
+
+
 # -- train, card and push ---------------------------------------------------------------------------------------------
 
 TINY_TRAIN = [

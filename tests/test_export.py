@@ -96,7 +96,7 @@ def test_the_runner_checks_every_batch_in_one_line(exported):
         ((ids.masked_fill(ids == sep, 5), mask), "no separator.*tokenizer\\(question, context\\)\\.$"),
         ((unknown, mask), "outside the vocabulary"),
         ((torch.tensor([[model.config.bos_token_id, 5, 6, 7, sep]]), None),
-         "holds one text.*tokenizer\\(question, context\\)\\.$"),
+         "holds one text.*tokenizer\\(question, context\\) with a context\\.$"),
         ((too_long, None), f"has {limit + 2} tokens, more than max_question_length"),
         (("not ids", None), "input_ids must be"),
         ((ids[:0], mask[:0]), "empty"),
@@ -108,6 +108,10 @@ def test_the_runner_checks_every_batch_in_one_line(exported):
     # Row: a BERT tokenizer's batch (**tokenizer(q, c)) was refused for its token_type_ids
     assert torch.equal(runner(ids, mask, token_type_ids=torch.zeros_like(ids))["start_logits"],
                        runner(ids, mask)["start_logits"])
+    # Row: other types (which the eager model reads) were taken and silently not read
+    with pytest.raises(ExportError, match=r"^token_type_ids row 0 differs from the types the exported program gives "
+                                          r"itself \(all 0, as the tokenizer gives a pair\)"):
+        runner(ids, mask, token_type_ids=torch.ones_like(ids))
     with pytest.raises(ExportError, match="not a file"):
         load_exported(runner.path.parent / "missing.onnx")
     (runner.path.parent / "other.onnx").write_bytes(b"not onnx")
@@ -260,3 +264,22 @@ def test_export_model_reads_paths_as_meant_and_keeps_the_exporters_notes_to_itse
     assert (home / "m.onnx").is_file() and not (tmp_path / "out").exists() and not (tmp_path / "~").exists()
     assert "Skipping" not in done.stderr and "FutureWarning" not in done.stderr, done.stderr
     assert "never fitted" not in done.stderr  # (the centroids were marked fitted: the one warning it may give)
+
+
+def test_the_runner_takes_a_bert_tokenizers_pair_types(tmp_path):
+    """A BERT-family model (``pair_token_types``): the types a BERT tokenizer gives a pair (0 for ``[CLS] Q [SEP]``,
+    1 for ``C [SEP]``, padding 0) pass and answer as eager does with them; other types are refused in one line."""
+    model = fitted_model(ClusterFormerForQuestionAnswering, 0, **{**CONFIG, "pair_token_types": True})
+    runner = load_exported(write_program(export_program(model, TRACED_LENGTH), tmp_path / "bert.pt2", "torch",
+                                         program_metadata(model)))
+    generator = torch.Generator().manual_seed(1)
+    ids, mask = pad_batch([random_example(generator, 4, 40), random_example(generator, 2, 9)])
+    sep = torch.cumsum(ids == model.config.separator_token_id, dim=1)
+    types = ((sep >= 2) & (ids != model.config.separator_token_id) | (sep >= 3)).long() * mask  # BERT's pair types
+    with torch.no_grad():
+        eager = model(ids, attention_mask=mask, token_type_ids=types).start_logits
+    got = runner(ids, mask, token_type_ids=types)["start_logits"]
+    assert torch.allclose(got.masked_fill(mask == 0, 0), eager.masked_fill(mask == 0, 0), atol=1e-5)
+    with pytest.raises(ExportError, match=r"^token_type_ids row 0 differs .* \(0 for the question prefix and 1 for "
+                                          r"the context, as the tokenizer gives a pair\)"):
+        runner(ids, mask, token_type_ids=torch.zeros_like(ids))

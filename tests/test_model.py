@@ -354,6 +354,11 @@ def test_explicit_question_lengths_match_separator_rule():
         a = model(ids, attention_mask=mask).last_hidden_state
         b = model(ids, attention_mask=mask, question_lengths=torch.tensor([5, 4])).last_hidden_state
     assert torch.equal(a, b)
+    # Row: question_lengths -1 was an IndexError deep in the forward; one past the row said "holds one text"
+    for lengths, row, given, real in (([-1, 4], 0, -1, 56), ([5, 30], 1, 30, 25), ([5, 3], 1, 3, 25)):
+        with pytest.raises(ValueError, match=rf"^question_lengths\[{row}\] is {given}, but a question prefix <s> Q "
+                                             rf"</s></s> takes more than 3 tokens and fewer than the row's {real};"):
+            model(ids, attention_mask=mask, question_lengths=torch.tensor(lengths))
 
 
 def test_config_defaults_and_validation():

@@ -631,3 +631,22 @@ def test_predict_offsets_index_the_context_files_own_characters(converted, tmp_p
     answers = answers["answers"] if isinstance(answers, dict) else answers
     text = crlf.read_bytes().decode("utf-8")
     assert len(answers) == 30 and all(text[a["start"]:a["end"]] == a["answer"] for a in answers)
+
+def test_pipeline_takes_the_task_first_as_transformers_does(converted):
+    """Row: ``hf_clusterformer.pipeline("question-answering", model=DIR)`` (transformers' order) raised "got
+    multiple values for argument 'model'", and ``pipeline("question-answering")`` looked for a folder of that name."""
+    first = hf_clusterformer.pipeline("question-answering", model=str(converted), allow_untrained=True)
+    ours = hf_clusterformer.pipeline(model=str(converted), allow_untrained=True)
+    assert type(first) is type(ours) and first(question=QUESTION, context=CONTEXT) == ours(question=QUESTION,
+                                                                                            context=CONTEXT)
+    assert type(hf_clusterformer.pipeline("qa", str(converted), allow_untrained=True)) is type(ours)
+    with pytest.raises(ValueError, match=r"^pipeline\(\) needs model=: a loaded model, a checkpoint folder or a Hub"):
+        hf_clusterformer.pipeline("question-answering")
+    with pytest.raises(TypeError, match=r"^pipeline\(\) got model twice"):
+        hf_clusterformer.pipeline(str(converted), model=str(converted))
+
+def test_card_refuses_a_model_id_no_hub_repo_can_have(converted, work, capsys):
+    """Row: ``card --model-id "bad id with spaces"`` wrote snippets loading that id; push refuses the same string."""
+    _error(capsys, ["card", str(converted), "--out", str(work / "bad-id-card.md"), "--model-id", "bad id with spaces"],
+           "--model-id 'bad id with spaces' is no Hub repo id")
+    assert not (work / "bad-id-card.md").exists()

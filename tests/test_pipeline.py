@@ -485,3 +485,6 @@ def test_a_question_naming_a_special_token_is_refused(qa):
                                          r"'</s>' \(it would end the question there\); remove it"):
         qa(question="Where does </s> Zorvan live?", context=CONTEXT)
     assert qa(question="Where does Zorvan live?", context=CONTEXT + " </s> and more")["answer"]  # context: as given
+    with pytest.raises(ValueError, match=r"^The question holds '<mask>', which the tokenizer reads as its special "
+                                         r"token '<mask>' \(not as the text it is\); remove it"):
+        qa(question="Where does <mask> live?", context=CONTEXT)

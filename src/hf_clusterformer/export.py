@@ -153,7 +153,7 @@ class ExportedHead(nn.Module):
 
 def program_inputs(
     config: ClusterFormerConfig, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-    input_format: str = "pair",
+    input_format: str = "pair", token_type_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Check a batch as the model does (`locate_rows`: one line per fault) and give the exported program's inputs.
 
@@ -162,6 +162,8 @@ def program_inputs(
         input_ids: (B, T) token ids, or (B, C, T) for multiple choice; attention_mask: the same shape (default: the
             non-padding ids).
         input_format: how the rows are read (the head's ``input_format``).
+        token_type_ids: optional, the shape of ``input_ids``: the program does not read them but gives every row the
+            types of a tokenizer's pair itself, so other types (which the eager model would read) are refused.
 
     Returns:
         ``input_ids``, ``attention_mask`` (long), and the size inputs: (K,) and (S - l,) zeros, whose lengths are the
@@ -172,8 +174,11 @@ def program_inputs(
     rows = input_ids.reshape(-1, input_ids.shape[-1]) if input_ids.dim() == 3 else input_ids  # choices are rows
     mask_rows = attention_mask.reshape(-1, attention_mask.shape[-1]) if attention_mask.dim() == 3 else attention_mask
     check_input_tensors(rows, None)
-    prefixes, totals, *_ = locate_rows(config, rows.long(), mask_rows, input_format=input_format,
-                                       takes_question_lengths=False)
+    prefixes, totals, prefix, lengths, starts, single = locate_rows(config, rows.long(), mask_rows,
+                                                                    input_format=input_format,
+                                                                    takes_question_lengths=False)
+    if token_type_ids is not None:
+        _check_token_types(config, token_type_ids.reshape(rows.shape), prefix, lengths, starts, single)
     sizes = BatchSizes.of_rows(config, prefixes, totals)
     return (input_ids.long(), attention_mask.long(), torch.zeros(sizes.num_windows, dtype=torch.long),
             torch.zeros(sizes.prefix_width, dtype=torch.long))
@@ -509,15 +514,19 @@ class ExportedModel:
 
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None) -> dict[str, torch.Tensor]:
         """(B, T) ids and mask ((B, C, T) for multiple choice; tensors, arrays or nested lists) -> outputs by name.
-        ``token_type_ids`` (a BERT tokenizer's) are taken and not read: the program gives the question prefix and the
-        context their types itself (``pair_token_types``), as that tokenizer does for a pair."""
-        inputs = self.check(input_ids, attention_mask)
+        ``token_type_ids`` (a tokenizer's) are checked, not read: the program gives the question prefix and the
+        context their types itself (``pair_token_types``), as a tokenizer does for a pair; other types are refused."""
+        inputs = self.check(input_ids, attention_mask, token_type_ids)
         return dict(zip(self.output_names, self._run(inputs)))
 
-    def check(self, input_ids, attention_mask=None) -> tuple[torch.Tensor, ...]:
+    def check(self, input_ids, attention_mask=None, token_type_ids=None) -> tuple[torch.Tensor, ...]:
         """The program's inputs for a batch (`program_inputs`), or `ExportError` naming what is wrong and the fix."""
         ids = _as_tensor(input_ids, "input_ids")
         mask = None if attention_mask is None else _as_tensor(attention_mask, "attention_mask")
+        types = None if token_type_ids is None else _as_tensor(token_type_ids, "token_type_ids")
+        if types is not None and types.shape != ids.shape:
+            raise ExportError(f"token_type_ids must have input_ids' shape {tuple(ids.shape)}, got "
+                              f"{tuple(types.shape)}; pass the tokenizer's token_type_ids or none.")
         if ids.dim() != len(self.input_dims):
             raise ExportError(f"input_ids must be ({', '.join(self.input_dims)}) for this {self.architecture}, got "
                               f"shape {tuple(ids.shape)}; pass the tokenizer's batch (return_tensors='np' or 'pt').")
@@ -528,9 +537,25 @@ class ExportedModel:
             raise ExportError(f"attention_mask must be 0s and 1s of input_ids' shape {tuple(ids.shape)}, got "
                               f"{mask.dtype} {tuple(mask.shape)}; pass the attention_mask the tokenizer returned.")
         try:
-            return program_inputs(self.config, ids, mask, self.input_format)
+            return program_inputs(self.config, ids, mask, self.input_format, types)
         except (ValueError, TypeError) as error:  # the model's own check, in its own words
             raise ExportError(str(error)) from None
+
+
+def _check_token_types(config: ClusterFormerConfig, token_type_ids: torch.Tensor, prefix: torch.Tensor,
+                       lengths: torch.Tensor, starts: torch.Tensor, single: torch.Tensor) -> None:
+    """(B, T) ``token_type_ids`` the types the program gives the rows' real tokens itself (0, or with
+    ``pair_token_types`` 1 for the context of a pair; a row's closing separator either), else `ExportError`."""
+    offset = torch.arange(token_type_ids.shape[1]) - starts.view(-1, 1)  # (B, T) position within the row's tokens
+    compared = (offset >= 0) & (offset < (lengths - 1).view(-1, 1))  # real tokens but the closing separator
+    context = (offset >= prefix.view(-1, 1)) & ~single.view(-1, 1) & bool(config.pair_token_types)
+    wrong = compared & (token_type_ids.long() != context.long())
+    if bool(wrong.any()):
+        row = int(wrong.any(dim=1).nonzero()[0])
+        rule = "0 for the question prefix and 1 for the context" if config.pair_token_types else "all 0"
+        raise ExportError(f"token_type_ids row {row} differs from the types the exported program gives itself "
+                          f"({rule}, as the tokenizer gives a pair); the program does not read token_type_ids: leave "
+                          "them out (or pass the tokenizer's own), or run the eager model for other types.")
 
 
 def _as_tensor(value, name: str) -> torch.Tensor:

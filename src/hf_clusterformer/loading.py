@@ -193,15 +193,19 @@ class _WholeText:
         return super().preprocess(inputs, *args, **kwargs)
 
 
-def pipeline(model: Any = None, tokenizer: Any = None, task: str = TASK, **kwargs: Any) -> Pipeline:
+def pipeline(*args: Any, **kwargs: Any) -> Pipeline:
     """``transformers.pipeline(task, ...)`` over whole inputs up to the model's limit (`use_model_limit`), no remote
     code needed: `ClusterFormerQuestionAnsweringPipeline` (registered first), or transformers' ``fill-mask``,
     ``text-classification`` or ``token-classification`` one, which refuses a longer text with the numbers instead of
-    cutting it. ``model``: a model, a checkpoint directory or a Hub id; another head's folder, an untrained head
-    (``allow_untrained=True`` for smoke tests) and NaN/inf weights are refused in one line. Other arguments go to
-    ``transformers.pipeline``."""
+    cutting it.
+
+    Called as ``pipeline(model=..., tokenizer=None, task="question-answering")`` (positionally in that order) or,
+    as transformers' is, with the task first: ``pipeline("fill-mask", model=...)``. ``model``: a model, a checkpoint
+    directory or a Hub id; another head's folder, an untrained head (``allow_untrained=True`` for smoke tests) and
+    NaN/inf weights are refused in one line. Other arguments go to ``transformers.pipeline``."""
     from transformers import pipeline as make_pipeline
 
+    model, tokenizer, task = _pipeline_arguments(args, kwargs)
     task = hf_pipelines.TASK_ALIASES.get(task, task)
     task = getattr(find_head(task), "task", task)  # a head's key (qa, mlm, ...) as its pipeline task
     if task == TASK:
@@ -218,6 +222,28 @@ def pipeline(model: Any = None, tokenizer: Any = None, task: str = TASK, **kwarg
     if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
         model, tokenizer = _load_for_pipeline(model, tokenizer, kwargs, task)
     return make_pipeline(task, model=model, tokenizer=tokenizer, **kwargs)
+
+
+def _pipeline_arguments(args: tuple, kwargs: dict[str, Any]) -> tuple[Any, Any, str]:
+    """``(model, tokenizer, task)`` of `pipeline`'s call (taken out of ``kwargs``): positional ones in the order
+    ``model, tokenizer, task``, or ``task, model, tokenizer`` when the first names a task and no folder."""
+    first = args[0] if args else None
+    names = ["model", "tokenizer", "task"]
+    if isinstance(first, str) and not os.path.exists(first) and (
+            first in hf_pipelines.TASK_ALIASES or first == TASK or find_head(first) is not None):
+        names = ["task", "model", "tokenizer"]
+    if len(args) > len(names):
+        raise TypeError(f"pipeline() takes at most 3 positional arguments ({', '.join(names)}), got {len(args)}.")
+    for name, value in zip(names, args):
+        if name in kwargs:
+            raise TypeError(f"pipeline() got {name} twice: {value!r} as a positional argument and {name}=; give it "
+                            "once.")
+        kwargs[name] = value
+    model, tokenizer, task = kwargs.pop("model", None), kwargs.pop("tokenizer", None), kwargs.pop("task", TASK)
+    if model is None:
+        raise ValueError("pipeline() needs model=: a loaded model, a checkpoint folder or a Hub id (this package has "
+                         "no default model).")
+    return model, tokenizer, task
 
 
 def _whole_text_tasks() -> list[str]:

@@ -558,6 +558,15 @@ def _write_card(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
                     spec[key] = value
                 elif value:
                     spec.setdefault(key, value)
+    if args.model_id:  # the card's snippets load it: one a Hub id cannot be is refused, as push refuses it
+        from huggingface_hub.errors import HFValidationError
+        from huggingface_hub.utils import validate_repo_id
+
+        try:
+            validate_repo_id(args.model_id)
+        except HFValidationError:
+            parser.error(f"--model-id {args.model_id!r} is no Hub repo id (NAME or USER/NAME of letters, digits, "
+                         "'-', '_' and '.'); give the id the model is (or will be) pushed to")
     for key, value in (("model_id", args.model_id), ("base_model", args.base_model), ("datasets", args.dataset),
                        ("revision", args.revision)):
         if value:

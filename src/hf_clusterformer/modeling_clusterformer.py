@@ -1467,6 +1467,8 @@ def locate_rows(
     context = lengths - prefix - torch.gather(is_sep, 1, last).squeeze(1).long()  # without the closing separator
     stats = row_facts(ids, prefix, lengths, question, context, one_block, found, token_type_ids).tolist()  # one read
     check_vocabularies(config, [row[0] for row in stats[6:]], ids is not None and ids.numel() > 0)
+    if question_lengths is not None:
+        check_question_lengths(stats[0], stats[1])
     check_rows(config, *stats[1:6], "input_ids" if is_separator is None else "inputs_embeds", takes_question_lengths)
     return stats[0], stats[1], prefix, lengths, starts, single
 
@@ -1545,6 +1547,18 @@ def check_token_types(config: ClusterFormerConfig, low: int, high: int) -> None:
         )
 
 
+def check_question_lengths(prefixes: list[int], lengths: list[int]) -> None:
+    """Given ``question_lengths`` (prefix lengths, per row) each longer than the prefix's special tokens and shorter
+    than its row's tokens, else one line naming the row."""
+    for row, (prefix, length) in enumerate(zip(prefixes, lengths)):
+        if not QUESTION_PREFIX_SPECIAL_TOKENS < prefix < length:
+            raise ValueError(
+                f"question_lengths[{row}] is {prefix}, but a question prefix <s> Q </s></s> takes more than "
+                f"{QUESTION_PREFIX_SPECIAL_TOKENS} tokens and fewer than the row's {length}; give each row's question "
+                f"tokens + {QUESTION_PREFIX_SPECIAL_TOKENS}, or leave question_lengths out."
+            )
+
+
 def check_rows(config: ClusterFormerConfig, lengths: list[int], questions: list[int], contexts: list[int],
                one_block_ok: list[int], found_ok: list[int], what: str, takes_question_lengths: bool = True) -> None:
     """Every row one block of tokens with a separator, a question/context pair, its question and context within
@@ -1568,7 +1582,8 @@ def check_rows(config: ClusterFormerConfig, lengths: list[int], questions: list[
     if min(contexts) < 0:  # the first separator closes the row: one text, no context after a question
         raise ValueError(
             f"{what} row {contexts.index(min(contexts))} holds one text, not a question/context pair (its first "
-            f"separator ends it); encode inputs as tokenizer(question, context){or_lengths}."
+            f"separator ends it), or a pair with an empty context; encode inputs as tokenizer(question, context) with "
+            f"a context{or_lengths}."
         )
     for row in {questions.index(max(questions)), contexts.index(min(contexts)), contexts.index(max(contexts))}:
         check_input_lengths(config, questions[row], contexts[row], where=f"row {row}")

@@ -210,11 +210,15 @@ class ClusterFormerQuestionAnsweringPipeline(Pipeline):
 
         special = set(self.tokenizer.all_special_ids)
         marks = [i for i, s in enumerate(sequence_ids) if s == 0 and token_ids[i] in special]
-        if marks:  # the question's text names a special token: the model would read the question as ending there
-            said = question[slice(*offsets[marks[0]])] or self.tokenizer.convert_ids_to_tokens(token_ids[marks[0]])
+        if marks:  # the question's text names a special token: a separator there would end the question
+            token = token_ids[marks[0]]
+            said = question[slice(*offsets[marks[0]])] or self.tokenizer.convert_ids_to_tokens(token)
+            ends = token in {self.tokenizer.sep_token_id, self.tokenizer.eos_token_id, self.tokenizer.cls_token_id,
+                             self.tokenizer.bos_token_id}
             raise ValueError(f"The question holds {said!r}, which the tokenizer reads as its special token "
-                             f"{self.tokenizer.convert_ids_to_tokens(token_ids[marks[0]])!r} (it would end the "
-                             "question there); remove it or write it otherwise.")
+                             f"{self.tokenizer.convert_ids_to_tokens(token)!r} "
+                             + ("(it would end the question there)" if ends else "(not as the text it is)")
+                             + "; remove it or write it otherwise.")
         candidate = [
             sequence_ids[i] == 1 and token_ids[i] not in special and can_bound_answer(context[slice(*offsets[i])])
             for i in range(len(token_ids))

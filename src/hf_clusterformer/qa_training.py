@@ -327,7 +327,7 @@ def _parse_json_file(path: str) -> Any:
     """The parsed content of a .json file (a list of the lines' values for .jsonl); `ValueError` naming the place
     of invalid JSON or text that is not UTF-8."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8-sig")  # a leading byte-order mark is no JSON error
     except UnicodeDecodeError as error:
         raise ValueError(
             f"data file {path} is not UTF-8 text (byte offset {error.start}); save it as UTF-8."

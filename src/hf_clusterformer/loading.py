@@ -212,6 +212,9 @@ def pipeline(*args: Any, **kwargs: Any) -> Pipeline:
         register_pipeline()
     elif task not in _whole_text_tasks():
         raise ValueError(f"task must be one of {[TASK, *_whole_text_tasks()]}, got {task!r}.")
+    if model is None:
+        raise ValueError("pipeline() needs model=: a loaded model, a checkpoint folder or a Hub id (this package has "
+                         "no default model).")
     if task == TASK:
         impl = ClusterFormerQuestionAnsweringPipeline
     else:
@@ -240,9 +243,6 @@ def _pipeline_arguments(args: tuple, kwargs: dict[str, Any]) -> tuple[Any, Any, 
                             "once.")
         kwargs[name] = value
     model, tokenizer, task = kwargs.pop("model", None), kwargs.pop("tokenizer", None), kwargs.pop("task", TASK)
-    if model is None:
-        raise ValueError("pipeline() needs model=: a loaded model, a checkpoint folder or a Hub id (this package has "
-                         "no default model).")
     return model, tokenizer, task
 
 

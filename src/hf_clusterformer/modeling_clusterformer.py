@@ -1440,8 +1440,7 @@ def locate_rows(
         Per example, as Python ints: prefix lengths and real lengths (prefix + context); and as (B,) tensors:
         prefix lengths, real lengths, the index of the first real token (long) and which rows are one text (bool).
     """
-    batch, length = input_ids.shape
-    device = input_ids.device
+    (batch, length), device = input_ids.shape, input_ids.device
     ids = input_ids if is_separator is None else None
     mask = real_tokens(config, ids, input_ids, attention_mask)
     lengths = mask.sum(dim=1)
@@ -1467,8 +1466,7 @@ def locate_rows(
     context = lengths - prefix - torch.gather(is_sep, 1, last).squeeze(1).long()  # without the closing separator
     stats = row_facts(ids, prefix, lengths, question, context, one_block, found, token_type_ids).tolist()  # one read
     check_vocabularies(config, [row[0] for row in stats[6:]], ids is not None and ids.numel() > 0)
-    if question_lengths is not None:
-        check_question_lengths(stats[0], stats[1])
+    check_question_lengths(question_lengths, stats[0], stats[1])
     check_rows(config, *stats[1:6], "input_ids" if is_separator is None else "inputs_embeds", takes_question_lengths)
     return stats[0], stats[1], prefix, lengths, starts, single
 
@@ -1547,10 +1545,10 @@ def check_token_types(config: ClusterFormerConfig, low: int, high: int) -> None:
         )
 
 
-def check_question_lengths(prefixes: list[int], lengths: list[int]) -> None:
-    """Given ``question_lengths`` (prefix lengths, per row) each longer than the prefix's special tokens and shorter
-    than its row's tokens, else one line naming the row."""
-    for row, (prefix, length) in enumerate(zip(prefixes, lengths)):
+def check_question_lengths(given: object, prefixes: list[int], lengths: list[int]) -> None:
+    """Where ``question_lengths`` were ``given``: each row's prefix (``prefixes``) longer than the prefix's special
+    tokens and shorter than its row's ``lengths``, else one line naming the row."""
+    for row, (prefix, length) in enumerate(zip(prefixes, lengths) if given is not None else ()):
         if not QUESTION_PREFIX_SPECIAL_TOKENS < prefix < length:
             raise ValueError(
                 f"question_lengths[{row}] is {prefix}, but a question prefix <s> Q </s></s> takes more than "

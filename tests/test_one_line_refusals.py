@@ -607,17 +607,17 @@ def test_a_validation_id_given_twice_is_named(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-def test_from_scratch_sizes_given_with_a_checkpoint_are_said_unread(converted, tmp_path, caplog):
-    """Row: ``train --model_name_or_path CKPT --hidden_size 64`` trained the checkpoint's 32-wide model silently."""
-    import logging
-
+def test_from_scratch_sizes_given_with_a_checkpoint_are_refused(converted, tmp_path, capsys):
+    """Rows: ``train --model_name_or_path CKPT --hidden_size 64`` trained the checkpoint's 32-wide model silently;
+    then it said so in a log line that the command's quiet console did not show, and evaluate took the sizes too."""
     data = _qa_file(tmp_path / "train.jsonl", 2)
-    argv = ["train", "--model_name_or_path", str(converted), "--train_file", str(data), "--hidden_size", "64",
-            "--max_steps", "1", "--report_to", "none", "--use_cpu", "--output_dir", str(tmp_path / "out"), "-q"]
-    with caplog.at_level(logging.WARNING, logger="hf_clusterformer.qa_training"):
-        assert main(argv) == 0
-    assert "--hidden_size 64: sizes of a model built from scratch, not read with --model_name_or_path" in caplog.text
-    assert json.loads((tmp_path / "out" / "config.json").read_text(encoding="utf-8"))["hidden_size"] == 32
+    for command in ("train", "evaluate"):
+        argv = [command, "--model_name_or_path", str(converted), "--train_file" if command == "train" else
+                "--validation_file", str(data), "--hidden_size", "64", "--num_hidden_layers", "1", "--max_steps", "1",
+                "--report_to", "none", "--use_cpu", "--output_dir", str(tmp_path / command), "-q"]
+        _error(capsys, argv, "--hidden_size 64, --num_hidden_layers 1: sizes of a model built from scratch, which "
+                             "--model_name_or_path does not read (the checkpoint has its own); leave them out")
+        assert not (tmp_path / command / "config.json").exists()
 
 
 def test_predict_offsets_index_the_context_files_own_characters(converted, tmp_path, capsys):
@@ -650,3 +650,11 @@ def test_card_refuses_a_model_id_no_hub_repo_can_have(converted, work, capsys):
     _error(capsys, ["card", str(converted), "--out", str(work / "bad-id-card.md"), "--model-id", "bad id with spaces"],
            "--model-id 'bad id with spaces' is no Hub repo id")
     assert not (work / "bad-id-card.md").exists()
+
+
+def test_evaluate_without_validation_data_names_what_evaluate_takes(converted, tmp_path, capsys):
+    """Row: ``evaluate`` with only a --train_file said "--do_eval needs validation data" (it has no --do_eval)."""
+    data = _qa_file(tmp_path / "train.jsonl", 2)
+    _error(capsys, ["evaluate", "--model_name_or_path", str(converted), "--train_file", str(data), "--output_dir",
+                    str(tmp_path / "out"), "--report_to", "none", "--use_cpu", "-q"],
+           "evaluation needs validation data: give --validation_file")

@@ -287,7 +287,8 @@ def test_missing_and_unsupported_files(tmp_path):
 
 def test_no_data_and_the_former_generated_sets_are_refused_with_the_way_to_files():
     """The library reads SQuAD-format data only; the generated sets come as files from the research package."""
-    with pytest.raises(ValueError, match=r"no data: give --train_file / --validation_file"):
+    with pytest.raises(ValueError, match=r"^no data: give --validation_file \(SQuAD-format json/jsonl\) to evaluate "
+                                         r"and --train_file to train"):
         qa_training.load_raw_datasets(qa_training.DataArguments())
     for name in ("longrange", "local"):
         with pytest.raises(ValueError, match=rf"--dataset {name}: .* clusterformer_research.longrange --kind {name}"):

@@ -372,8 +372,8 @@ def load_raw_datasets(data: DataArguments) -> datasets.DatasetDict:
         if data.validation_file:
             splits["validation"] = _load_file(data.validation_file)
     elif data.dataset is None:
-        raise ValueError("no data: give --train_file / --validation_file (SQuAD-format json/jsonl), --dataset "
-                         "squad-multipassage or --dataset with a Hub dataset name.")
+        raise ValueError("no data: give --validation_file (SQuAD-format json/jsonl) to evaluate and --train_file to "
+                         "train, or --dataset squad-multipassage or a Hub dataset name.")
     elif data.dataset in FORMER_GENERATED:
         raise ValueError(
             f"--dataset {data.dataset}: the generated long-range sets are not built by this command; write them as "
@@ -436,9 +436,10 @@ def load_model(
         defaults = {f.name: f.default for f in fields(ModelArguments)}
         unread = [f"--{name} {getattr(model, name)}" for name in FROM_SCRATCH_SIZES
                   if getattr(model, name) != defaults[name]]
-        if unread:
-            logger.warning("%s: sizes of a model built from scratch, not read with --model_name_or_path (the "
-                           "checkpoint has its own).", ", ".join(unread))
+        if unread:  # a checkpoint has its own sizes: asking for others is a mistake, not a setting
+            raise ValueError(f"{', '.join(unread)}: sizes of a model built from scratch, which --model_name_or_path "
+                             "does not read (the checkpoint has its own); leave them out (`clusterformer convert "
+                             "--num-hidden-layers N` keeps a checkpoint's first N layers).")
         return load_qa_model(model.model_name_or_path, seed=seed, **options)
     config = ClusterFormerConfig(
         vocab_size=len(tokenizer),
@@ -595,7 +596,8 @@ def check_run_plan(training_args: TrainingArguments, raw: datasets.DatasetDict) 
     if training_args.do_train and "train" not in raw:
         raise ValueError("--do_train needs training data: give --train_file or a dataset with a train split.")
     if training_args.do_eval and "validation" not in raw:
-        raise ValueError("--do_eval needs validation data: give --validation_file or a data set with one.")
+        raise ValueError("evaluation needs validation data: give --validation_file or a --dataset with a validation "
+                         "split.")
 
 
 def _run(model_args, data_args, centroid_args, training_args, callbacks, name: str) -> dict[str, Any]:

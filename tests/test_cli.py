@@ -488,9 +488,13 @@ def test_predict_devices(model_dir, context, capsys):
 
 
 def test_inspect_plot_into_a_missing_folder_and_empty_question(model_dir, context, workdir, capsys):
-    plot = workdir / "no-such-folder" / "clusters.png"
-    _main_error(capsys, ["inspect", str(model_dir), "--question", QUESTION, "--context-file", str(context[0]),
-                         "--plot", str(plot)], f"--plot {plot}", "does not exist", "create it")
+    """Row: ``inspect --plot new/p.png`` refused the missing folder where ``export new/m.onnx`` made it; a file where
+    a folder is meant is one line."""
+    pytest.importorskip("matplotlib")
+    plot = workdir / "no-such-folder" / "deeper" / "clusters.png"
+    argv = ["inspect", str(model_dir), "--question", QUESTION, "--context-file", str(context[0]), "--plot"]
+    assert main([*argv, str(plot)]) == 0 and plot.stat().st_size > 1000
+    _main_error(capsys, [*argv, str(context[0] / "clusters.png")], "--plot", "is a file, not a folder")
     _main_error(capsys, ["inspect", str(model_dir), "--question", " ", "--context-file", str(context[0])],
                 "the question is empty")
 

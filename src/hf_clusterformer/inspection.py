@@ -124,6 +124,7 @@ class ClusterReport:
         axis.set_ylabel("cluster id")
         axis.set_title(f"Cluster layer {self.layer}")
         axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)  # outside the points
+        path.parent.mkdir(parents=True, exist_ok=True)  # a new folder, as export and train make theirs
         figure.savefig(path, dpi=120, bbox_inches="tight")
         plt.close(figure)
         return path
@@ -134,9 +135,9 @@ PLOT_FORMATS = (".png", ".pdf", ".svg")
 
 
 def check_plot_path(path: str | Path, overwrite: bool = False) -> Path:
-    """``path`` as a `Path` where a plot may be written: a ``.png``, ``.pdf`` or ``.svg`` file in an existing
-    folder, not a folder itself, and not an existing file unless ``overwrite``; else one-line errors naming it
-    (`IsADirectoryError`, `FileExistsError`, `FileNotFoundError`, `ValueError`)."""
+    """``path`` as a `Path` where a plot may be written: a ``.png``, ``.pdf`` or ``.svg`` file (its folder made when
+    missing), not a folder itself, and not an existing file unless ``overwrite``; else one-line errors naming it
+    (`IsADirectoryError`, `FileExistsError`, `NotADirectoryError`, `ValueError`)."""
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(f"{path} is a folder; give an image file name such as {path / 'clusters.png'}.")
@@ -146,10 +147,11 @@ def check_plot_path(path: str | Path, overwrite: bool = False) -> Path:
         raise FileExistsError(
             f"{path} exists; pass --overwrite (overwrite=True) to replace it, or give another file name."
         )
-    if not path.resolve().parent.is_dir():
-        raise FileNotFoundError(
-            f"{path}: folder {path.resolve().parent} does not exist; create it or give another path."
-        )
+    folder = path.resolve().parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise NotADirectoryError(f"{path}: {folder} is a file, not a folder; give another path.")
     return path
 
 

@@ -355,9 +355,10 @@ def test_explicit_question_lengths_match_separator_rule():
         b = model(ids, attention_mask=mask, question_lengths=torch.tensor([5, 4])).last_hidden_state
     assert torch.equal(a, b)
     # Row: question_lengths -1 was an IndexError deep in the forward; one past the row said "holds one text"
-    for lengths, row, given, real in (([-1, 4], 0, -1, 56), ([5, 30], 1, 30, 25), ([5, 3], 1, 3, 25)):
-        with pytest.raises(ValueError, match=rf"^question_lengths\[{row}\] is {given}, but a question prefix <s> Q "
-                                             rf"</s></s> takes more than 3 tokens and fewer than the row's {real};"):
+    for lengths, row, given, real in (([-1, 4], 0, -1, 56), ([5, 30], 1, 30, 25), ([5, 0], 1, 0, 25)):
+        with pytest.raises(ValueError, match=rf"^question_lengths\[{row}\] is {given}, but a question prefix \(<s> "
+                                             rf"Q </s></s>: the question's tokens \+ 3\) takes at least 1 and fewer "
+                                             rf"than the row's {real} tokens;"):
             model(ids, attention_mask=mask, question_lengths=torch.tensor(lengths))
 
 

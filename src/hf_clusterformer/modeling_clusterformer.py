@@ -1546,14 +1546,14 @@ def check_token_types(config: ClusterFormerConfig, low: int, high: int) -> None:
 
 
 def check_question_lengths(given: object, prefixes: list[int], lengths: list[int]) -> None:
-    """Where ``question_lengths`` were ``given``: each row's prefix (``prefixes``) longer than the prefix's special
-    tokens and shorter than its row's ``lengths``, else one line naming the row."""
+    """Where ``question_lengths`` were ``given``: each row's prefix (``prefixes``) at least its first token and
+    shorter than its row's ``lengths``, else one line naming the row."""
     for row, (prefix, length) in enumerate(zip(prefixes, lengths) if given is not None else ()):
-        if not QUESTION_PREFIX_SPECIAL_TOKENS < prefix < length:
+        if not 1 <= prefix < length:
             raise ValueError(
-                f"question_lengths[{row}] is {prefix}, but a question prefix <s> Q </s></s> takes more than "
-                f"{QUESTION_PREFIX_SPECIAL_TOKENS} tokens and fewer than the row's {length}; give each row's question "
-                f"tokens + {QUESTION_PREFIX_SPECIAL_TOKENS}, or leave question_lengths out."
+                f"question_lengths[{row}] is {prefix}, but a question prefix (<s> Q </s></s>: the question's tokens + "
+                f"{QUESTION_PREFIX_SPECIAL_TOKENS}) takes at least 1 and fewer than the row's {length} tokens; give "
+                "each row's prefix length, or leave question_lengths out."
             )
 
 

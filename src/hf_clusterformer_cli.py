@@ -257,9 +257,8 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         )
     start = time.perf_counter()
     try:
-        lengths = {} if args.max_answer_length is None else {"max_answer_len": args.max_answer_length}
         answers = qa(question=question, context=context, top_k=args.top_k, align_to_words=args.align_to_words,
-                     **lengths)
+                     max_answer_len=args.max_answer_length)  # None: the pipeline's default
     except ValueError as error:
         raise CommandError(f"cannot answer over {args.context_file}: {error}") from error
     seconds = time.perf_counter() - start

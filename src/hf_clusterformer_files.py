@@ -20,7 +20,7 @@ from pathlib import Path
 
 from hf_clusterformer_sources import checkpoint_kind, is_trainer_checkpoint
 
-__all__ = ["ModelFolderExistsError", "check_output_dir", "owned_by_model"]
+__all__ = ["ModelFolderExistsError", "check_not_a_file", "check_output_dir", "owned_by_model"]
 
 #: ``model_type`` of a Cluster-Former checkpoint's ``config.json``.
 CLUSTERFORMER_MODEL_TYPE = "clusterformer"
@@ -109,7 +109,7 @@ def check_output_dir(
     model's card would replace it) or one of the records named in ``results``, and ``overwrite`` is false;
     `NotADirectoryError` when it is a file. ``option`` names the switch in the message (``--overwrite``)."""
     path = Path(path)
-    _check_not_a_file(path)
+    check_not_a_file(path)
     if overwrite:
         return
     if holds_model(path):
@@ -127,13 +127,13 @@ def check_output_dir(
     check_result_files(path, results, overwrite, option)
 
 
-def _check_not_a_file(path: Path) -> None:
+def check_not_a_file(path: Path) -> None:
     """Raise `NotADirectoryError` when ``path``, or the nearest of its parents that exists, is a file."""
     for place in (path, *path.parents):
         if place.exists():
             if not place.is_dir():
                 where = "" if place == path else f" inside {place}, which"
-                raise NotADirectoryError(f"output folder {path}{where} is a file; give a folder.")
+                raise NotADirectoryError(f"output folder {path}{where} is a file, not a folder; give a folder.")
             return
 
 
@@ -142,7 +142,7 @@ def check_result_files(path: str | os.PathLike, names: Sequence[str], overwrite:
     """Raise `ModelFolderExistsError` when one of the record files ``names`` exists in folder ``path`` and
     ``overwrite`` is false (a run's results, which ``clusterformer card`` reads); `NotADirectoryError` when ``path``
     (or the nearest of its parents that exists) is a file."""
-    _check_not_a_file(Path(path))
+    check_not_a_file(Path(path))
     existing = [name for name in names if (Path(path) / name).exists()]
     if existing and not overwrite:
         raise ModelFolderExistsError(

@@ -129,7 +129,8 @@ def _takes(annotation: Any, python: bool = False) -> str:
 class OptionTypeError(StrictDataclassFieldValidationError, ValueError):
     """``@strict``'s refusal of a value of the wrong type, in one line naming the field and what it takes."""
 
-    def __init__(self, field: str, value: Any, takes: str):
+    def __init__(self, cls: type, field: str, value: Any):
+        takes = _takes(cls.__dataclass_fields__[field].type, python=True)
         Exception.__init__(self, f"{field}={value!r} was given, but {field} takes {takes}.")
         self.field = field
 
@@ -141,7 +142,7 @@ def _type_error(cls: type, error: StrictDataclassError, values: dict, given: set
         problem = " ".join(str(error.__cause__ or error).split())
         return ValueError(problem) if given else ConfigValueError(problem)
     if field in given:
-        return OptionTypeError(field, values.get(field), _takes(cls.__dataclass_fields__[field].type, python=True))
+        return OptionTypeError(cls, field, values.get(field))
     return ConfigValueError(f"{field} is {json.dumps(values.get(field), default=repr)}, but it takes "
                             f"{_takes(cls.__dataclass_fields__[field].type)}; correct it there.")
 
@@ -160,8 +161,7 @@ def _one_line_ranges(cls: type) -> type:
             strict_setattr(self, key, value)
         except StrictDataclassFieldValidationError as error:
             if isinstance(error.__cause__, TypeError) and key in type(self).__dataclass_fields__:
-                takes = _takes(type(self).__dataclass_fields__[key].type, python=True)
-                raise OptionTypeError(key, value, takes) from None
+                raise OptionTypeError(type(self), key, value) from None
             if not isinstance(error.__cause__, ValueError):
                 raise
             message = " ".join(str(error.__cause__).split()).removeprefix("Value ").rstrip(".") + "."  # "Value must"

@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hf_clusterformer_files import check_not_a_file
+
 from .configuration_clusterformer import ROUTED_LAYER_TYPES
 from .modeling_clusterformer import ClusterFormerPreTrainedModel, check_finite, locate_question_prefix
 
@@ -147,11 +149,7 @@ def check_plot_path(path: str | Path, overwrite: bool = False) -> Path:
         raise FileExistsError(
             f"{path} exists; pass --overwrite (overwrite=True) to replace it, or give another file name."
         )
-    folder = path.resolve().parent
-    while not folder.exists():
-        folder = folder.parent
-    if not folder.is_dir():
-        raise NotADirectoryError(f"{path}: {folder} is a file, not a folder; give another path.")
+    check_not_a_file(path.resolve().parent)
     return path
 
 
